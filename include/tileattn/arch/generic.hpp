@@ -1,0 +1,59 @@
+// tileattn/arch/generic.hpp: portable scalar micro-kernels: the reference every SIMD arch
+// file must match, and the fallback for targets without one.
+//
+// Every arch namespace provides the same five functions with the same contracts, so
+// ops/ can call `arch::native::` without knowing which one it got.
+#pragma once
+
+#include <cmath>
+#include <limits>
+
+#include "tileattn/core/types.hpp"
+
+namespace tileattn::arch::generic {
+
+inline constexpr const char* name = "generic";
+
+/// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
+/// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0.
+template <bool Accumulate>
+void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const float* b,
+          index_t ldb, float* c, index_t ldc) {
+  for (index_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    if constexpr (!Accumulate)
+      for (index_t j = 0; j < n; ++j) ci[j] = 0.0f;
+    for (index_t p = 0; p < k; ++p) {
+      const float aip = a[i * lda + p];
+      const float* bp = b + p * ldb;
+      for (index_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
+    }
+  }
+}
+
+/// max(x[0..n)), -inf for n == 0.
+inline float row_max(const float* x, index_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (index_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+/// x[j] = 2^(x[j] - shift) in place; returns the sum of the new values. x[j] = -inf gives 0.
+inline float exp2_shift_sum(float* x, index_t n, float shift) {
+  float sum = 0.0f;
+  for (index_t j = 0; j < n; ++j) {
+    x[j] = std::exp2(x[j] - shift);
+    sum += x[j];
+  }
+  return sum;
+}
+
+/// x[j] *= factor.
+inline void scale(float* x, index_t n, float factor) {
+  for (index_t j = 0; j < n; ++j) x[j] *= factor;
+}
+
+/// 2^x for one value (running-max corrections); 2^-inf = 0.
+inline float exp2(float x) { return std::exp2(x); }
+
+}  // namespace tileattn::arch::generic

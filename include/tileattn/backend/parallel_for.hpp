@@ -1,0 +1,85 @@
+// tileattn/backend/parallel_for.hpp: the one parallel_for contract every kernel uses,
+// dispatching an Execution to the serial, OpenMP or oneTBB backend.
+//
+// Contract: body(item, worker) runs exactly once for each item in [0, count); worker is
+// in [0, worker_count(exec)) and no two concurrent bodies share a worker number, so a
+// kernel can give each worker its own scratch. Kernels write disjoint outputs per item,
+// which is why every backend and thread count gives bitwise identical results.
+#pragma once
+
+#include <string>
+
+#include "tileattn/backend/execution.hpp"
+#include "tileattn/backend/openmp.hpp"
+#include "tileattn/backend/serial.hpp"
+#include "tileattn/backend/tbb.hpp"
+#include "tileattn/core/error.hpp"
+
+namespace tileattn {
+
+/// Whether a backend was compiled into this build.
+inline bool backend_available(Backend b) {
+  switch (b) {
+    case Backend::automatic:
+    case Backend::serial: return true;
+    case Backend::openmp:
+#if defined(TILEATTN_HAS_OPENMP)
+      return true;
+#else
+      return false;
+#endif
+    case Backend::tbb:
+#if defined(TILEATTN_HAS_TBB)
+      return true;
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+/// The concrete backend `automatic` stands for in this build.
+inline Backend resolve_backend(Backend b) {
+  if (b != Backend::automatic) return b;
+  if (backend_available(Backend::openmp)) return Backend::openmp;
+  if (backend_available(Backend::tbb)) return Backend::tbb;
+  return Backend::serial;
+}
+
+namespace detail {
+
+inline void validate_execution(const Execution& exec) {
+  require(backend_available(exec.backend), "backend",
+          std::string("backend '") + to_string(exec.backend) + "' was not compiled in");
+  require(exec.num_threads >= 0, "num_threads", "must be >= 0 (0 means the backend default)");
+}
+
+template <class Visitor>
+decltype(auto) visit_backend(Backend b, Visitor&& visit) {
+  switch (resolve_backend(b)) {
+#if defined(TILEATTN_HAS_OPENMP)
+    case Backend::openmp: return visit(backend::OpenMP{});
+#endif
+#if defined(TILEATTN_HAS_TBB)
+    case Backend::tbb: return visit(backend::Tbb{});
+#endif
+    default: return visit(backend::Serial{});
+  }
+}
+
+}  // namespace detail
+
+/// How many distinct worker numbers parallel_for(exec, ...) may use.
+inline int worker_count(const Execution& exec) {
+  return detail::visit_backend(exec.backend,
+                               [&](auto be) { return be.worker_count(exec.num_threads); });
+}
+
+template <class Body>
+void parallel_for(const Execution& exec, index_t count, Body&& body) {
+  detail::visit_backend(exec.backend, [&](auto be) {
+    be.parallel_for(count, exec.num_threads, body);
+  });
+}
+
+}  // namespace tileattn

@@ -1,0 +1,39 @@
+// tileattn/core/error.hpp: the exceptions tileattn throws, each naming the bad parameter.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace tileattn {
+
+/// Thrown for every invalid argument. `parameter()` names the offending argument
+/// (for example "q", "k.shape[1]", "softmax_scale"); what() reads
+/// "tileattn: <parameter>: <reason>". Nothing has been written when it is thrown.
+class invalid_argument : public std::invalid_argument {
+ public:
+  invalid_argument(std::string parameter, const std::string& reason)
+      : std::invalid_argument("tileattn: " + parameter + ": " + reason),
+        parameter_(std::move(parameter)) {}
+
+  const std::string& parameter() const noexcept { return parameter_; }
+
+ private:
+  std::string parameter_;
+};
+
+/// Thrown when a tile plan does not fit the SRAM byte budget ("sram_budget_bytes"), or a
+/// scratch arena is asked for more than its budget.
+class budget_error : public invalid_argument {
+ public:
+  using invalid_argument::invalid_argument;
+};
+
+namespace detail {
+
+inline void require(bool condition, const std::string& parameter, const std::string& reason) {
+  if (!condition) throw invalid_argument(parameter, reason);
+}
+
+}  // namespace detail
+}  // namespace tileattn

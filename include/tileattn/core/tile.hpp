@@ -1,0 +1,96 @@
+// tileattn/core/tile.hpp: SRAM tiles: aligned row-major matrices carved from a worker's scratch.
+//
+// A Tile has a capacity fixed when it is carved and a current extent (rows x cols) that a
+// kernel shrinks for the partial tiles at the end of a sequence. Cols may be fixed at
+// compile time (head_dim), so loops over a head vector unroll. Rows are padded to whole
+// cache lines: row(r) is always 64-byte aligned.
+#pragma once
+
+#include <cassert>
+#include <cstddef>
+
+#include "tileattn/core/types.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
+
+namespace tileattn {
+
+template <class T, index_t Cols = dynamic_extent>
+class Tile {
+ public:
+  using element_type = T;
+  static constexpr index_t static_cols = Cols;
+  static constexpr index_t row_granule = static_cast<index_t>(cache_line_bytes / sizeof(T));
+
+  /// Elements between consecutive rows for a tile of `cols` columns.
+  static constexpr index_t leading_dim(index_t cols) {
+    return (cols + row_granule - 1) / row_granule * row_granule;
+  }
+
+  /// Scratch bytes a rows x cols tile takes: what the planner budgets for it.
+  static constexpr std::size_t footprint(index_t rows, index_t cols = Cols) {
+    return round_up_to_line(static_cast<std::size_t>(rows * leading_dim(cols)) * sizeof(T));
+  }
+
+  Tile() = default;
+
+  static Tile carve(ScratchArena& arena, index_t rows, index_t cols = Cols) {
+    static_assert(Cols == dynamic_extent || Cols > 0);
+    assert(rows > 0 && cols > 0 && (Cols == dynamic_extent || cols == Cols));
+    Tile t;
+    t.ld_ = leading_dim(cols);
+    t.data_ = arena.carve<T>(static_cast<std::size_t>(rows * t.ld_));
+    t.capacity_rows_ = t.rows_ = rows;
+    t.capacity_cols_ = t.cols_ = cols;
+    return t;
+  }
+
+  /// Shrinks (or restores) the extent in use, within the capacity carved.
+  void set_extent(index_t rows, index_t cols = Cols) {
+    assert(rows >= 0 && rows <= capacity_rows_ && cols >= 0 && cols <= capacity_cols_);
+    rows_ = rows;
+    cols_ = cols;
+  }
+
+  index_t rows() const { return rows_; }
+  index_t cols() const {
+    if constexpr (Cols != dynamic_extent) return Cols;
+    else return cols_;
+  }
+  index_t ld() const { return ld_; }
+  index_t capacity_rows() const { return capacity_rows_; }
+  index_t capacity_cols() const { return capacity_cols_; }
+
+  T* data() const { return data_; }
+  T* row(index_t r) const { return data_ + r * ld_; }
+  T& operator()(index_t r, index_t c) const { return data_[r * ld_ + c]; }
+
+ private:
+  T* data_ = nullptr;
+  index_t rows_ = 0, cols_ = 0;
+  index_t capacity_rows_ = 0, capacity_cols_ = 0;
+  index_t ld_ = 0;
+};
+
+/// A per-row statistic of a query tile (running max, running sum): one float per row.
+template <class T>
+class TileVector {
+ public:
+  static constexpr std::size_t footprint(index_t size) {
+    return round_up_to_line(static_cast<std::size_t>(size) * sizeof(T));
+  }
+  static TileVector carve(ScratchArena& arena, index_t size) {
+    TileVector v;
+    v.data_ = arena.carve<T>(static_cast<std::size_t>(size));
+    v.size_ = size;
+    return v;
+  }
+  index_t size() const { return size_; }
+  T* data() const { return data_; }
+  T& operator[](index_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  index_t size_ = 0;
+};
+
+}  // namespace tileattn

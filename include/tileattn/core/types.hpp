@@ -1,0 +1,19 @@
+// tileattn/core/types.hpp: the index type and small vocabulary shared by every header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tileattn {
+
+/// All shape and stride arithmetic is 64-bit, so batch x seqlen x heads x head_dim
+/// products never overflow.
+using index_t = std::int64_t;
+
+/// Marks a tile extent that is known only at run time.
+inline constexpr index_t dynamic_extent = -1;
+
+/// Every SRAM tile row starts on a cache line (and a full AVX-512 vector).
+inline constexpr std::size_t cache_line_bytes = 64;
+
+}  // namespace tileattn
