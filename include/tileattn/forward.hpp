@@ -1,10 +1,13 @@
-// tileattn/forward.hpp: the public forward pass: tileattn::forward() over strided views.
+// tileattn/forward.hpp: the public forward pass: tileattn::forward() over strided views and
+// tileattn::forward_varlen() over packed variable-length batches.
 //
-//   std::vector<float> q(B*N*H*D), k(...), v(...), o(...), lse(B*H*N);
-//   tileattn::ForwardOptions opts;  opts.causal = true;
+//   std::vector<float> q(B*N*H*D), k(B*N*Hkv*D), v(B*N*Hkv*D), o(B*N*H*D), lse(B*H*N);
+//   tileattn::ForwardOptions opts;
+//   opts.causal = true;        // bottom-right aligned, as FlashAttention >= 2.1
+//   opts.window_left = 4096;   // sliding window (Mistral)
 //   tileattn::forward(tileattn::make_bshd(q.data(), B, N, H, D),
-//                     tileattn::make_bshd(k.data(), B, N, H, D),
-//                     tileattn::make_bshd(v.data(), B, N, H, D),
+//                     tileattn::make_bshd(k.data(), B, N, Hkv, D),   // GQA: H % Hkv == 0
+//                     tileattn::make_bshd(v.data(), B, N, Hkv, D),
 //                     tileattn::make_bshd(o.data(), B, N, H, D),
 //                     tileattn::make_lse(lse.data(), B, H, N), opts);
 //
@@ -13,11 +16,9 @@
 #pragma once
 
 #include <cmath>
-#include <string>
 
-#include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/core/params.hpp"
-#include "tileattn/detail/view_checks.hpp"
+#include "tileattn/detail/forward_checks.hpp"
 #include "tileattn/kernels/forward.hpp"
 #include "tileattn/kernels/head_dim_dispatch.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
@@ -25,77 +26,88 @@
 
 namespace tileattn {
 
+/// Packed variable-length tensors: [total_tokens, heads, head_dim].
+template <class T>
+using PackedView = StridedView<T, 3>;
+/// Variable-length log-sum-exp: [heads, total_q] (FlashAttention's varlen layout).
+using PackedLseView = StridedView<float, 2>;
+
+template <class T>
+PackedView<T> make_thd(T* data, index_t total, index_t heads, index_t head_dim) {
+  return {data, {total, heads, head_dim}, {heads * head_dim, head_dim, 1}};
+}
+inline PackedLseView make_packed_lse(float* data, index_t heads, index_t total) {
+  return {data, {heads, total}, {total, 1}};
+}
+
 /// The SRAM budget a call with these options runs under.
 inline std::size_t effective_sram_budget(const ForwardOptions& options) {
   return options.sram_budget_bytes ? options.sram_budget_bytes : per_core_cache_bytes();
 }
 
-/// The tile plan forward() uses for these sizes and options.
+/// The tile plan forward() uses for these sizes and options (group = heads_q / heads_kv).
 inline TilePlan plan_forward(index_t head_dim, index_t seqlen_q, index_t seqlen_k,
-                             const ForwardOptions& options = {}) {
-  return plan_forward_tiles(head_dim, seqlen_q, seqlen_k, effective_sram_budget(options));
+                             const ForwardOptions& options = {}, index_t group_size = 1) {
+  return plan_forward_tiles(head_dim, seqlen_q, seqlen_k, effective_sram_budget(options),
+                            group_size);
 }
 
 namespace detail {
 
-inline constexpr std::array<const char*, 4> qkv_dims{"batch", "seqlen", "heads", "head_dim"};
-inline constexpr std::array<const char*, 3> lse_dims{"batch", "heads", "seqlen_q"};
+inline float default_scale(const ForwardOptions& options, index_t head_dim) {
+  return options.softmax_scale.value_or(
+      head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : 1.0f);
+}
+
+inline ForwardParams<float> make_params(TensorView<const float> q, TensorView<const float> k,
+                                        TensorView<const float> v, TensorView<float> o,
+                                        LseView lse, const ForwardOptions& opt) {
+  ForwardParams<float> p{q, k, v, o, lse, default_scale(opt, q.shape[dim::head_dim]), opt.causal};
+  p.alignment = opt.alignment;
+  p.window_left = opt.window_left;
+  p.window_right = opt.window_right;
+  p.softcap = opt.softcap;
+  p.alibi_slopes = opt.alibi_slopes;
+  p.sinks = opt.sinks;
+  p.bias = opt.bias;
+  p.mask = opt.mask;
+  return p;
+}
+
+inline void run(const ForwardParams<float>& p, index_t max_seqlen_q, index_t max_seqlen_k,
+                const ForwardOptions& options) {
+  const TilePlan plan =
+      plan_forward(p.head_dim(), max_seqlen_q, max_seqlen_k, options, p.group_size());
+  dispatch_head_dim(p.head_dim(), [&](auto head_dim) {
+    constexpr index_t D = decltype(head_dim)::value;
+    if (options.io_counts) {
+      *options.io_counts = kernels::run_forward<D, CountingIo>(p, plan, options.execution);
+    } else {
+      kernels::run_forward<D, NoIoCounting>(p, plan, options.execution);
+    }
+  });
+}
 
 template <class T>
-void check_forward(const ForwardParams<T>& p, const ForwardOptions& options) {
-  check_view(p.q, "q", qkv_dims);
-  check_view(p.k, "k", qkv_dims);
-  check_view(p.v, "v", qkv_dims);
-  check_view(p.o, "o", qkv_dims);
-  for (int d : {dim::batch, dim::heads, dim::head_dim})
-    check_same_extent(p.q, "q", p.k, "k", d, qkv_dims[d]);
-  for (int d = 0; d < 4; ++d) check_same_extent(p.k, "k", p.v, "v", d, qkv_dims[d]);
-  for (int d = 0; d < 4; ++d) check_same_extent(p.q, "q", p.o, "o", d, qkv_dims[d]);
-  require(head_dim_supported(p.head_dim()), "head_dim",
-          std::to_string(p.head_dim()) + " is not supported (supported: 32, 64, 80, 96, 128, 256)");
-  check_no_self_overlap(p.o, "o");
-  check_disjoint(p.o, "o", p.q, "q");
-  check_disjoint(p.o, "o", p.k, "k");
-  check_disjoint(p.o, "o", p.v, "v");
-  if (p.lse.data) {
-    check_view(p.lse, "lse", lse_dims);
-    check_same_extent(p.q, "q", p.lse, "lse", 0, "batch");
-    require(p.lse.shape[1] == p.heads(), dim_name("lse", "shape", 1, "heads"),
-            "must equal q's heads = " + std::to_string(p.heads()));
-    require(p.lse.shape[2] == p.seqlen_q(), dim_name("lse", "shape", 2, "seqlen_q"),
-            "must equal q's seqlen = " + std::to_string(p.seqlen_q()));
-    check_no_self_overlap(p.lse, "lse");
-    check_disjoint(p.lse, "lse", p.q, "q");
-    check_disjoint(p.lse, "lse", p.k, "k");
-    check_disjoint(p.lse, "lse", p.v, "v");
-    check_disjoint(p.lse, "lse", p.o, "o");
-  }
-  require(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale",
-          "must be finite and > 0, got " + std::to_string(p.softmax_scale));
-  validate_execution(options.execution);
+StridedView<T, 4> unpack(const PackedView<T>& v) {
+  return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
 }
 
 }  // namespace detail
 
-/// O = softmax(scale * Q K^T [causal mask]) V for every (batch, head), and, when lse.data
-/// is set, lse = log(sum_j exp(scale * q_i . k_j)) per row.
+/// O = softmax(scale * Q K^T, modified and masked as `options` says) V for every
+/// (batch, query head), and, when lse.data is set, lse = log of each row's softmax
+/// denominator (natural log; -inf for rows that see no key). Query head h reads K/V head
+/// h / (heads_q / heads_kv).
 inline void forward(TensorView<const float> q, TensorView<const float> k,
                     TensorView<const float> v, TensorView<float> o, LseView lse,
                     const ForwardOptions& options = {}) {
-  const float scale = options.softmax_scale.value_or(
-      q.shape[dim::head_dim] > 0 ? 1.0f / std::sqrt(static_cast<float>(q.shape[dim::head_dim]))
-                                 : 1.0f);
-  const ForwardParams<float> params{q, k, v, o, lse, scale, options.causal};
-  detail::check_forward(params, options);
-  const TilePlan plan = plan_forward(params.head_dim(), params.seqlen_q(), params.seqlen_k(), options);
-  detail::dispatch_head_dim(params.head_dim(), [&](auto head_dim) {
-    constexpr index_t D = decltype(head_dim)::value;
-    if (options.io_counts) {
-      *options.io_counts = kernels::run_forward<D, CountingIo>(params, plan, options.execution);
-    } else {
-      kernels::run_forward<D, NoIoCounting>(params, plan, options.execution);
-    }
-  });
+  const ForwardParams<float> p = detail::make_params(q, k, v, o, lse, options);
+  detail::check_qkvo(p);
+  detail::check_lse(p, p.batch(), q.shape[dim::seqlen]);
+  detail::check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
+  detail::check_aliasing(p);
+  detail::run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
 }
 
 /// forward() without the log-sum-exp output.
@@ -103,6 +115,34 @@ inline void forward(TensorView<const float> q, TensorView<const float> k,
                     TensorView<const float> v, TensorView<float> o,
                     const ForwardOptions& options = {}) {
   forward(q, k, v, o, LseView{}, options);
+}
+
+/// forward() over packed variable-length batches (FlashAttention's flash_attn_varlen_func):
+/// q, o are [total_q, heads_q, head_dim], k, v [total_k, heads_kv, head_dim], lse
+/// [heads_q, total_q] (optional). Causal, window and ALiBi align per sequence; a bias or
+/// mask is [B or 1, H or 1, max_seqlen_q, max_seqlen_k], indexed from each sequence's start.
+/// Empty sequences are allowed; a sequence with no keys gets O = 0, LSE = -inf.
+inline void forward_varlen(PackedView<const float> q, PackedView<const float> k,
+                           PackedView<const float> v, PackedView<float> o, PackedLseView lse,
+                           const VarlenSequences& seqs, const ForwardOptions& options = {}) {
+  const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
+  ForwardParams<float> p = detail::make_params(detail::unpack(q), detail::unpack(k),
+                                               detail::unpack(v), detail::unpack(o), lse4, options);
+  detail::check_qkvo(p);
+  detail::check_lse(p, 1, q.shape[0]);
+  detail::require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
+  detail::require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
+  detail::require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
+  detail::require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
+  detail::check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], seqs.max_seqlen_q, "max_seqlen_q");
+  detail::check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], seqs.max_seqlen_k, "max_seqlen_k");
+  p.cu_seqlens_q = seqs.cu_seqlens_q.data();
+  p.cu_seqlens_k = seqs.cu_seqlens_k.data();
+  p.num_sequences = batch;
+  detail::check_options(p, batch, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
+  detail::check_aliasing(p);
+  detail::run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
 }
 
 }  // namespace tileattn

@@ -2,11 +2,13 @@
 //
 // ForwardOptions is what a caller fills in. ForwardParams is the resolved, validated
 // inner currency handed to a kernel (as FlashAttention's Flash_fwd_params): views,
-// the effective softmax scale, and flags.
+// the effective softmax scale, masks and score modifiers, and the sequence layout.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
+#include <span>
 
 #include "tileattn/backend/execution.hpp"
 #include "tileattn/core/strided_view.hpp"
@@ -14,12 +16,39 @@
 
 namespace tileattn {
 
+/// Where the causal diagonal (and the window and ALiBi distances) are anchored when
+/// seqlen_q != seqlen_k. bottom_right is FlashAttention >= 2.1 (query i is aligned with key
+/// i + seqlen_k - seqlen_q); top_left is PyTorch SDPA's is_causal (query i with key i).
+enum class MaskAlignment { bottom_right, top_left };
+
+/// An additive float bias or boolean mask over scores, [B or 1, H or 1, seqlen_q, seqlen_k]
+/// (extent 1 broadcasts; any non-negative strides). For variable-length batches the last two
+/// extents are max_seqlen_q and max_seqlen_k and positions count from each sequence's start.
+using ScoreBiasView = StridedView<const float, 4>;
+using ScoreMaskView = StridedView<const bool, 4>;  // true: the query attends to the key
+
 struct ForwardOptions {
   /// Multiplies Q K^T before the softmax; unset means 1 / sqrt(head_dim).
   std::optional<float> softmax_scale;
-  /// Causal mask aligned to the bottom-right corner (FlashAttention >= 2.1): query i sees
-  /// key j iff j <= i + seqlen_k - seqlen_q. Rows that see no key get O = 0, LSE = -inf.
+  /// Causal mask: query i sees key j iff j <= i + offset, offset = seqlen_k - seqlen_q
+  /// (bottom_right, the default) or 0 (top_left). Same as window_right = 0.
   bool causal = false;
+  MaskAlignment alignment = MaskAlignment::bottom_right;
+  /// Sliding window: query i sees keys j with i + offset - window_left <= j <=
+  /// i + offset + window_right; -1 means unbounded on that side (FlashAttention's window_size).
+  index_t window_left = -1;
+  index_t window_right = -1;
+  /// When > 0, scores s become softcap * tanh(s / softcap) before masking (Gemma-2).
+  float softcap = 0.0f;
+  /// ALiBi: one slope per query head, or batch * heads_q slopes (per sequence); the bias
+  /// -slope * |i + offset - j| is added to the scaled scores.
+  std::span<const float> alibi_slopes{};
+  /// Attention sinks: one logit per query head that joins every row's softmax denominator
+  /// with no value (in scaled-score units). LSE includes it.
+  std::span<const float> sinks{};
+  /// Optional additive bias (added after masking) and boolean mask; data == nullptr: none.
+  ScoreBiasView bias{};
+  ScoreMaskView mask{};
   /// Backend and thread count.
   Execution execution{};
   /// Each worker's SRAM budget in bytes; 0 means the detected per-core L2 cache.
@@ -28,23 +57,62 @@ struct ForwardOptions {
   IoCounts* io_counts = nullptr;
 };
 
+/// Packed variable-length batches as in FlashAttention's varlen API: sequence b owns rows
+/// [cu_seqlens_q[b], cu_seqlens_q[b+1]) of the packed Q and O, and likewise for K and V.
+struct VarlenSequences {
+  std::span<const std::int32_t> cu_seqlens_q;  // batch + 1 entries, non-decreasing, from 0
+  std::span<const std::int32_t> cu_seqlens_k;  // batch + 1 entries, non-decreasing, from 0
+  index_t max_seqlen_q = 0;
+  index_t max_seqlen_k = 0;
+};
+
+/// One sequence's rows in the views: for fixed-length batches start = 0 and the view's batch
+/// index is the sequence; for varlen the view has batch 1 and start comes from cu_seqlens.
+struct SequenceRange {
+  index_t view_batch;  // batch index into the Q/K/V/O views
+  index_t q_start, q_len;
+  index_t k_start, k_len;
+};
+
 template <class T>
 struct ForwardParams {
-  TensorView<const T> q;  // [batch, seqlen_q, heads, head_dim]
-  TensorView<const T> k;  // [batch, seqlen_k, heads, head_dim]
-  TensorView<const T> v;  // [batch, seqlen_k, heads, head_dim]
-  TensorView<T> o;        // [batch, seqlen_q, heads, head_dim]
-  LseView lse;            // [batch, heads, seqlen_q]; data == nullptr: not written
+  TensorView<const T> q;  // [batch, seqlen_q, heads_q, head_dim]
+  TensorView<const T> k;  // [batch, seqlen_k, heads_kv, head_dim]
+  TensorView<const T> v;  // [batch, seqlen_k, heads_kv, head_dim]
+  TensorView<T> o;        // [batch, seqlen_q, heads_q, head_dim]
+  LseView lse;            // [batch, heads_q, seqlen_q]; data == nullptr: not written
   float softmax_scale = 1.0f;
   bool causal = false;
+  MaskAlignment alignment = MaskAlignment::bottom_right;
+  index_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  std::span<const float> alibi_slopes{};
+  std::span<const float> sinks{};
+  ScoreBiasView bias{};
+  ScoreMaskView mask{};
+  const std::int32_t* cu_seqlens_q = nullptr;  // varlen when set (batch of the views is 1)
+  const std::int32_t* cu_seqlens_k = nullptr;
+  index_t num_sequences = 0;                   // varlen: batch
 
-  index_t batch() const { return q.shape[dim::batch]; }
+  bool varlen() const { return cu_seqlens_q != nullptr; }
+  index_t batch() const { return varlen() ? num_sequences : q.shape[dim::batch]; }
   index_t heads() const { return q.shape[dim::heads]; }
-  index_t seqlen_q() const { return q.shape[dim::seqlen]; }
-  index_t seqlen_k() const { return k.shape[dim::seqlen]; }
+  index_t heads_kv() const { return k.shape[dim::heads]; }
+  index_t group_size() const { return heads() / heads_kv(); }
   index_t head_dim() const { return q.shape[dim::head_dim]; }
-  /// Key index j is visible to query i under the causal mask iff j <= i + causal_offset().
-  index_t causal_offset() const { return seqlen_k() - seqlen_q(); }
+
+  SequenceRange sequence(index_t b) const {
+    if (!varlen()) return {b, 0, q.shape[dim::seqlen], 0, k.shape[dim::seqlen]};
+    return {0, cu_seqlens_q[b], cu_seqlens_q[b + 1] - cu_seqlens_q[b], cu_seqlens_k[b],
+            cu_seqlens_k[b + 1] - cu_seqlens_k[b]};
+  }
+
+  /// The diagonal's offset: query i is aligned with key i + mask_offset(s).
+  index_t mask_offset(const SequenceRange& s) const {
+    return alignment == MaskAlignment::bottom_right ? s.k_len - s.q_len : 0;
+  }
+  /// Causal is the window's right edge at 0, whatever window_right says (as FlashAttention).
+  index_t effective_window_right() const { return causal ? 0 : window_right; }
 };
 
 }  // namespace tileattn

@@ -51,6 +51,15 @@ class Tile {
     cols_ = cols;
   }
 
+  /// Rows [first, first + count) as a tile of their own (same columns and row stride).
+  Tile slice_rows(index_t first, index_t count) const {
+    assert(first >= 0 && count >= 0 && first + count <= capacity_rows_);
+    Tile t = *this;
+    t.data_ = row(first);
+    t.rows_ = t.capacity_rows_ = count;
+    return t;
+  }
+
   index_t rows() const { return rows_; }
   index_t cols() const {
     if constexpr (Cols != dynamic_extent) return Cols;
@@ -82,6 +91,13 @@ class TileVector {
     TileVector v;
     v.data_ = arena.carve<T>(static_cast<std::size_t>(size));
     v.size_ = size;
+    return v;
+  }
+  TileVector slice(index_t first, index_t count) const {
+    assert(first >= 0 && count >= 0 && first + count <= size_);
+    TileVector v;
+    v.data_ = data_ + first;
+    v.size_ = count;
     return v;
   }
   index_t size() const { return size_; }

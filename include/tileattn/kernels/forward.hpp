@@ -1,8 +1,9 @@
 // tileattn/kernels/forward.hpp: the tiled forward kernel (FlashAttention-2 loop order).
 //
-// Work items are (batch, head, query tile). Each loads its Q tile once, streams the K/V
-// tiles it can see through SRAM with an online softmax, and writes O and LSE once.
-// Causal key tiles wholly above the diagonal are never loaded.
+// A work item is a QueryBlock (kernels/work_list.hpp). It loads the Q tiles of its query
+// heads once, streams through SRAM only the K/V tiles some of its rows can see (causal and
+// windowed tiles outside the band are never loaded), applies the score modifiers, keeps
+// an online softmax, and writes O and LSE once.
 #pragma once
 
 #include <algorithm>
@@ -13,18 +14,20 @@
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
+#include "tileattn/kernels/work_list.hpp"
 #include "tileattn/memory/io_counter.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
+#include "tileattn/ops/score_mods.hpp"
 
 namespace tileattn::kernels {
 
 /// Everything one forward work item keeps in SRAM. Footprint: forward_working_set_bytes.
 template <index_t D>
 struct ForwardTiles {
-  Tile<float, D> q;       // (Br, D) queries, scaled into log2 units
+  Tile<float, D> q;       // (Br, D) packed queries, scaled into log2 units
   Tile<float> k_t;        // (D, Bc) keys, transposed
   Tile<float, D> v;       // (Bc, D) values
   Tile<float> s;          // (Br, Bc) scores, then probabilities
@@ -33,7 +36,7 @@ struct ForwardTiles {
   TileVector<float> lse;  // (Br)
 
   static ForwardTiles carve(ScratchArena& arena, const TilePlan& plan) {
-    const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
+    const index_t br = plan.packed_rows(), bc = plan.key_tile_rows;
     return {Tile<float, D>::carve(arena, br), Tile<float>::carve(arena, D, bc),
             Tile<float, D>::carve(arena, bc),  Tile<float>::carve(arena, br, bc),
             Tile<float, D>::carve(arena, br),  ops::RowStats::carve(arena, br),
@@ -41,70 +44,72 @@ struct ForwardTiles {
   }
 };
 
-/// The (batch, head, query tile) a work item stands for.
-struct ForwardWorkItem {
-  index_t batch, head, query_tile;
-};
-
-/// Numbers work items so that, under causal masking, the query tiles with the most keys
-/// come first: the backends hand items out in order, so threads finish together.
-struct ForwardWorkList {
-  index_t batch, heads, query_tiles;
-  bool longest_first;
-
-  index_t size() const { return batch * heads * query_tiles; }
-  ForwardWorkItem operator[](index_t item) const {
-    const index_t rank = item / (batch * heads), bh = item % (batch * heads);
-    return {bh / heads, bh % heads, longest_first ? query_tiles - 1 - rank : rank};
-  }
-};
-
-/// Keys [0, end) that some query in [row0, row0 + rows) can see.
+/// The [len, head_dim] matrix of one head of one sequence.
 template <class T>
-index_t visible_key_end(const ForwardParams<T>& p, index_t row0, index_t rows) {
-  if (!p.causal) return p.seqlen_k();
-  return std::clamp<index_t>(row0 + rows + p.causal_offset(), 0, p.seqlen_k());
+MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_t head,
+                              index_t start, index_t len) {
+  MatrixView<T> m = head_matrix(t, view_batch, head);
+  m.data += start * m.row_stride;
+  m.rows = len;
+  return m;
 }
 
 template <index_t D, class Io>
-void forward_work_item(const ForwardParams<float>& p, const TilePlan& plan,
-                       ForwardWorkItem w, ForwardTiles<D>& t, Io& io) {
+void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
+                         const QueryBlock& blk, ForwardTiles<D>& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
-  const auto q = head_matrix(p.q, w.batch, w.head), k = head_matrix(p.k, w.batch, w.head),
-             v = head_matrix(p.v, w.batch, w.head);
-  const index_t row0 = w.query_tile * plan.query_tile_rows;
-  const index_t rows = std::min(plan.query_tile_rows, p.seqlen_q() - row0);
-  const index_t key_end = visible_key_end(p, row0, rows);
+  const SequenceRange& seq = blk.range;
+  const ops::PackedRows& rows = blk.rows;
+  const ops::ScoreModifiers mods(p, blk.sequence, seq);
+  const auto q_of = [&](const auto& view, index_t g) {
+    return sequence_matrix(view, seq.view_batch, rows.head0 + g, seq.q_start, seq.q_len);
+  };
+  const auto k = sequence_matrix(p.k, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
+  const auto v = sequence_matrix(p.v, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
 
-  load_rows(t.q, q, row0, rows, io);                                // (rows, D)
-  ops::scale(t.q, p.softmax_scale * log2e);                         // scores in log2 units
-  t.o.set_extent(rows);                                             // (rows, D)
-  ops::fill(t.o, 0.0f);
-  t.stats.reset(rows);
-  for (index_t col0 = 0; col0 < key_end; col0 += plan.key_tile_rows) {
-    const index_t cols = std::min(plan.key_tile_rows, key_end - col0);
-    load_rows_transposed(t.k_t, k, col0, cols, io);                 // (D, cols)
-    load_rows(t.v, v, col0, cols, io);                              // (cols, D)
-    ops::matmul(t.s, t.q, t.k_t);                                   // (rows, cols)
-    if (p.causal && col0 + cols - 1 > row0 + p.causal_offset())
-      ops::mask_causal(t.s, row0, col0, p.causal_offset());
-    ops::online_softmax_step(t.s, t.stats, t.o);                    // s := P (rows, cols)
-    ops::matmul_accumulate(t.o, t.s, t.v);                          // (rows, D)
+  for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, D) per head
+    Tile<float, D> q_head = t.q.slice_rows(g * rows.positions, rows.positions);
+    load_rows(q_head, q_of(p.q, g), rows.position0, rows.positions, io);
   }
-  ops::finalize_rows(t.o, t.stats, t.lse.data());                   // o /= l, lse
-  store_rows(head_matrix(p.o, w.batch, w.head), row0, t.o, io);
-  if (p.lse.data)
-    store_vector(&p.lse(w.batch, w.head, row0), p.lse.stride[2], t.lse.data(), rows, io);
+  t.q.set_extent(rows.count());                                    // (Br, D)
+  ops::scale(t.q, p.softmax_scale * log2e);                        // scores in log2 units
+  t.o.set_extent(rows.count());                                    // (Br, D)
+  ops::fill(t.o, 0.0f);
+  t.stats.reset(rows.count());
+
+  const index_t key_end = mods.window().end(rows.position0 + rows.positions - 1);
+  for (index_t col0 = mods.window().first(rows.position0); col0 < key_end;
+       col0 += plan.key_tile_rows) {
+    const index_t cols = std::min(plan.key_tile_rows, key_end - col0);
+    load_rows_transposed(t.k_t, k, col0, cols, io);                // (D, Bc)
+    load_rows(t.v, v, col0, cols, io);                             // (Bc, D)
+    ops::matmul(t.s, t.q, t.k_t);                                  // (Br, Bc)
+    mods.apply(t.s, rows, col0);                                   // softcap, masks, biases
+    ops::online_softmax_step(t.s, t.stats, t.o);                   // s := P (Br, Bc)
+    ops::matmul_accumulate(t.o, t.s, t.v);                         // (Br, D)
+  }
+
+  for (index_t g = 0; g < rows.heads; ++g) {                       // o /= l, lse; store
+    const index_t r0 = g * rows.positions, head = rows.head0 + g;
+    Tile<float, D> o_head = t.o.slice_rows(r0, rows.positions);
+    const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
+    ops::finalize_rows(o_head, t.stats.slice(r0, rows.positions), t.lse.data() + r0,
+                       p.sinks.empty() ? nullptr : &sink);
+    store_rows(q_of(p.o, g), rows.position0, o_head, io);
+    if (p.lse.data)
+      store_vector(&p.lse(seq.view_batch, head, seq.q_start + rows.position0), p.lse.stride[2],
+                   t.lse.data() + r0, rows.positions, io);
+  }
 }
 
 /// Runs every work item under `exec`; returns the HBM traffic counted (zero unless Io counts).
 template <index_t D, class Io>
 IoCounts run_forward(const ForwardParams<float>& p, const TilePlan& plan, const Execution& exec) {
-  const ForwardWorkList work{p.batch(), p.heads(), plan.query_tiles(p.seqlen_q()), p.causal};
+  const ForwardWorkList work(p, plan);
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec)));
   parallel_for(exec, work.size(), [&](index_t item, int worker) {
     auto tiles = ForwardTiles<D>::carve(worker_scratch(plan.sram_budget_bytes), plan);
-    forward_work_item<D>(p, plan, work[item], tiles, io[static_cast<std::size_t>(worker)]);
+    forward_query_block<D>(p, plan, work[item], tiles, io[static_cast<std::size_t>(worker)]);
   });
   IoCounts total;
   if constexpr (Io::enabled)

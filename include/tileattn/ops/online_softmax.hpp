@@ -30,6 +30,9 @@ struct RowStats {
   static RowStats carve(ScratchArena& arena, index_t rows) {
     return {TileVector<float>::carve(arena, rows), TileVector<float>::carve(arena, rows)};
   }
+  RowStats slice(index_t first, index_t count) const {
+    return {max.slice(first, count), sum.slice(first, count)};
+  }
   void reset(index_t rows) {
     std::fill_n(max.data(), rows, negative_infinity);
     std::fill_n(sum.data(), rows, 0.0f);
@@ -79,20 +82,27 @@ void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o) {
   }
 }
 
-/// Deferred normalization: o /= sum, and lse = ln(sum) + max in natural-log units. Rows
-/// that saw no unmasked key get o = 0 and lse = -inf.
+/// Deferred normalization: o /= sum, and lse = ln(sum) + max in natural-log units. A sink
+/// (a logit in log2 units that joins the denominator without a value) may be given. Rows
+/// that saw no unmasked key get o = 0 and lse = -inf (or the sink's logit).
 template <class AccTile>
-void finalize_rows(AccTile& o, const RowStats& stats, float* lse) {
+void finalize_rows(AccTile& o, const RowStats& stats, float* lse, const float* sink = nullptr) {
   constexpr float ln2 = std::numbers::ln2_v<float>;
   for (index_t i = 0; i < o.rows(); ++i) {
-    const float sum = stats.sum[i];
+    float max = stats.max[i], sum = stats.sum[i], o_factor = 1.0f;
+    if (sink) {  // fold 2^(sink - max) into the sum, under the larger of the two maxima
+      const float new_max = std::max(max, *sink);
+      o_factor = arch::native::exp2(max - new_max);
+      sum = sum * o_factor + arch::native::exp2(*sink - new_max);
+      max = new_max;
+    }
     if (sum == 0.0f) {
       std::fill_n(o.row(i), o.cols(), 0.0f);
       lse[i] = negative_infinity;
       continue;
     }
-    arch::native::scale(o.row(i), o.cols(), 1.0f / sum);
-    lse[i] = (stats.max[i] + std::log2(sum)) * ln2;
+    arch::native::scale(o.row(i), o.cols(), o_factor / sum);
+    lse[i] = (max + std::log2(sum)) * ln2;
   }
 }
 

@@ -1,0 +1,135 @@
+// tileattn/detail/forward_checks.hpp: every argument check of the forward entry points, run
+// before any work starts so that a bad argument throws (naming it) with nothing written.
+#pragma once
+
+#include <cmath>
+#include <span>
+#include <string>
+
+#include "tileattn/backend/parallel_for.hpp"
+#include "tileattn/core/params.hpp"
+#include "tileattn/detail/view_checks.hpp"
+#include "tileattn/kernels/head_dim_dispatch.hpp"
+
+namespace tileattn::detail {
+
+inline constexpr std::array<const char*, 4> qkv_dims{"batch", "seqlen", "heads", "head_dim"};
+inline constexpr std::array<const char*, 3> lse_dims{"batch", "heads", "seqlen_q"};
+inline constexpr std::array<const char*, 4> score_dims{"batch", "heads", "seqlen_q", "seqlen_k"};
+
+template <class T>
+void check_qkvo(const ForwardParams<T>& p) {
+  check_view(p.q, "q", qkv_dims);
+  check_view(p.k, "k", qkv_dims);
+  check_view(p.v, "v", qkv_dims);
+  check_view(p.o, "o", qkv_dims);
+  for (int d : {dim::batch, dim::head_dim}) check_same_extent(p.q, "q", p.k, "k", d, qkv_dims[d]);
+  require(p.q.shape[dim::heads] % p.k.shape[dim::heads] == 0, dim_name("k", "shape", 2, "heads"),
+          "num_heads_q = " + std::to_string(p.q.shape[dim::heads]) +
+              " must be a multiple of num_heads_kv = " + std::to_string(p.k.shape[dim::heads]));
+  for (int d = 0; d < 4; ++d) check_same_extent(p.k, "k", p.v, "v", d, qkv_dims[d]);
+  for (int d = 0; d < 4; ++d) check_same_extent(p.q, "q", p.o, "o", d, qkv_dims[d]);
+  require(head_dim_supported(p.head_dim()), "head_dim",
+          std::to_string(p.head_dim()) + " is not supported (supported: 32, 64, 80, 96, 128, 256)");
+}
+
+template <class T>
+void check_lse(const ForwardParams<T>& p, index_t batch, index_t seqlen_q) {
+  if (!p.lse.data) return;
+  check_view(p.lse, "lse", lse_dims);
+  require(p.lse.shape[0] == batch, dim_name("lse", "shape", 0, "batch"),
+          "must be " + std::to_string(batch) + ", got " + std::to_string(p.lse.shape[0]));
+  require(p.lse.shape[1] == p.heads(), dim_name("lse", "shape", 1, "heads"),
+          "must equal q's heads = " + std::to_string(p.heads()));
+  require(p.lse.shape[2] == seqlen_q, dim_name("lse", "shape", 2, "seqlen_q"),
+          "must be " + std::to_string(seqlen_q) + ", got " + std::to_string(p.lse.shape[2]));
+}
+
+/// A bias or mask must be [B or 1, H or 1, seqlen_q, seqlen_k].
+template <class V>
+void check_score_view(const V& v, const std::string& name, index_t batch, index_t heads,
+                      index_t seqlen_q, index_t seqlen_k) {
+  if (!v.data) return;
+  check_view(v, name, score_dims);
+  const std::array<index_t, 4> want{batch, heads, seqlen_q, seqlen_k};
+  for (int d = 0; d < 4; ++d) {
+    const bool broadcast = d < 2 && v.shape[d] == 1;
+    require(broadcast || v.shape[d] == want[d], dim_name(name, "shape", d, score_dims[d]),
+            std::string("must be ") + (d < 2 ? "1 or " : "") + std::to_string(want[d]) +
+                ", got " + std::to_string(v.shape[d]));
+  }
+}
+
+inline void check_values(std::span<const float> values, const std::string& name,
+                         bool allow_minus_infinity) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    require(std::isfinite(values[i]) || (allow_minus_infinity && values[i] < 0 && std::isinf(values[i])),
+            name, "entry " + std::to_string(i) + " is not finite");
+}
+
+template <class T>
+void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, index_t seqlen_k,
+                   const Execution& exec) {
+  require(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale",
+          "must be finite and > 0, got " + std::to_string(p.softmax_scale));
+  require(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
+  require(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
+  require(std::isfinite(p.softcap) && p.softcap >= 0.0f, "softcap",
+          "must be finite and >= 0 (0: off), got " + std::to_string(p.softcap));
+  if (!p.alibi_slopes.empty()) {
+    const auto n = static_cast<index_t>(p.alibi_slopes.size());
+    require(n == p.heads() || n == batch * p.heads(), "alibi_slopes",
+            "needs heads_q = " + std::to_string(p.heads()) + " or batch * heads_q = " +
+                std::to_string(batch * p.heads()) + " entries, got " + std::to_string(n));
+    check_values(p.alibi_slopes, "alibi_slopes", false);
+  }
+  if (!p.sinks.empty()) {
+    require(static_cast<index_t>(p.sinks.size()) == p.heads(), "sinks",
+            "needs heads_q = " + std::to_string(p.heads()) + " entries, got " +
+                std::to_string(p.sinks.size()));
+    check_values(p.sinks, "sinks", true);
+  }
+  check_score_view(p.bias, "bias", batch, p.heads(), seqlen_q, seqlen_k);
+  check_score_view(p.mask, "mask", batch, p.heads(), seqlen_q, seqlen_k);
+  validate_execution(exec);
+}
+
+/// Outputs must not overlap themselves or any input.
+template <class T>
+void check_aliasing(const ForwardParams<T>& p) {
+  check_no_self_overlap(p.o, "o");
+  check_disjoint(p.o, "o", p.q, "q");
+  check_disjoint(p.o, "o", p.k, "k");
+  check_disjoint(p.o, "o", p.v, "v");
+  if (p.bias.data) check_disjoint(p.o, "o", p.bias, "bias");
+  if (p.mask.data) check_disjoint(p.o, "o", p.mask, "mask");
+  if (!p.lse.data) return;
+  check_no_self_overlap(p.lse, "lse");
+  check_disjoint(p.lse, "lse", p.q, "q");
+  check_disjoint(p.lse, "lse", p.k, "k");
+  check_disjoint(p.lse, "lse", p.v, "v");
+  check_disjoint(p.lse, "lse", p.o, "o");
+  if (p.bias.data) check_disjoint(p.lse, "lse", p.bias, "bias");
+  if (p.mask.data) check_disjoint(p.lse, "lse", p.mask, "mask");
+}
+
+/// cu_seqlens: batch + 1 entries from 0, non-decreasing, within `total` rows, each length <= max.
+inline void check_cu_seqlens(std::span<const std::int32_t> cu, const std::string& name,
+                             index_t batch, index_t total, index_t max_len,
+                             const std::string& max_name) {
+  require(static_cast<index_t>(cu.size()) == batch + 1, name,
+          "needs batch + 1 = " + std::to_string(batch + 1) + " entries, got " + std::to_string(cu.size()));
+  require(cu[0] == 0, name, "must start at 0, got " + std::to_string(cu[0]));
+  for (std::size_t b = 1; b < cu.size(); ++b) {
+    require(cu[b] >= cu[b - 1], name,
+            "decreases at entry " + std::to_string(b) + " (" + std::to_string(cu[b - 1]) + " -> " +
+                std::to_string(cu[b]) + ")");
+    require(cu[b] - cu[b - 1] <= max_len, max_name,
+            "sequence " + std::to_string(b - 1) + " has " + std::to_string(cu[b] - cu[b - 1]) +
+                " rows, more than " + std::to_string(max_len));
+  }
+  require(cu.back() <= total, name,
+          "ends at " + std::to_string(cu.back()) + ", past the " + std::to_string(total) + " rows of the buffer");
+}
+
+}  // namespace tileattn::detail

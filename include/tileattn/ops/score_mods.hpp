@@ -1,0 +1,141 @@
+// tileattn/ops/score_mods.hpp: what happens to a score tile between Q K^T and the softmax:
+// softcap, the causal / sliding-window mask, a boolean mask, an additive bias and ALiBi,
+// in FlashAttention's order (softcap, then masks, then biases).
+//
+// A score tile's rows are "packed": rows [g * positions, (g + 1) * positions) hold query
+// head head0 + g at positions position0 ... (GQA packs a group of query heads that share
+// K/V into one tile). Scores are in log2 units (scaled by softmax_scale * log2(e)).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "tileattn/core/params.hpp"
+#include "tileattn/core/tile.hpp"
+#include "tileattn/ops/online_softmax.hpp"
+
+namespace tileattn::ops {
+
+/// The keys each query position of one sequence sees: j in [first(i), end(i)).
+struct KeyWindow {
+  index_t offset = 0;  // query i is aligned with key i + offset
+  index_t left = -1;   // -1: unbounded
+  index_t right = -1;  // -1: unbounded
+  index_t k_len = 0;
+
+  index_t first(index_t i) const {
+    return left < 0 ? 0 : std::clamp<index_t>(i + offset - left, 0, k_len);
+  }
+  index_t end(index_t i) const {
+    return right < 0 ? k_len : std::clamp<index_t>(i + offset + right + 1, 0, k_len);
+  }
+  /// True when every position in [p0, p0 + n) sees every key in [col0, col0 + cols).
+  bool covers(index_t p0, index_t n, index_t col0, index_t cols) const {
+    return first(p0 + n - 1) <= col0 && end(p0) >= col0 + cols;
+  }
+};
+
+/// Which (query head, position) each packed row of a score tile stands for.
+struct PackedRows {
+  index_t head0 = 0, heads = 1;
+  index_t position0 = 0, positions = 0;
+
+  index_t count() const { return heads * positions; }
+  index_t head(index_t r) const { return head0 + r / positions; }
+  index_t position(index_t r) const { return position0 + r % positions; }
+};
+
+/// The score modifiers of one sequence, resolved from the params once per work item.
+class ScoreModifiers {
+ public:
+  template <class T>
+  ScoreModifiers(const ForwardParams<T>& p, index_t sequence, const SequenceRange& seq)
+      : window_{p.mask_offset(seq), p.window_left, p.effective_window_right(), seq.k_len},
+        softcap_(p.softcap * log2e),
+        bias_(slice_batch(p.bias, sequence)),
+        mask_(slice_batch(p.mask, sequence)) {
+    if (!p.alibi_slopes.empty()) {
+      const bool per_sequence = static_cast<index_t>(p.alibi_slopes.size()) != p.heads();
+      alibi_ = p.alibi_slopes.data() + (per_sequence ? sequence * p.heads() : 0);
+    }
+  }
+
+  const KeyWindow& window() const { return window_; }
+
+  /// Applies every modifier to s, whose columns are keys [col0, col0 + s.cols()).
+  template <class ScoreTile>
+  void apply(ScoreTile& s, const PackedRows& rows, index_t col0) const {
+    if (softcap_ > 0.0f) apply_softcap(s);
+    if (!window_.covers(rows.position0, rows.positions, col0, s.cols()))
+      apply_window(s, rows, col0);
+    if (mask_.data) apply_mask(s, rows, col0);
+    if (bias_.data) apply_bias(s, rows, col0);
+    if (alibi_) apply_alibi(s, rows, col0);
+  }
+
+ private:
+  static constexpr float log2e = std::numbers::log2e_v<float>;
+
+  /// The [H or 1, Nq, Nk] slice of a [B or 1, H or 1, Nq, Nk] view for one sequence.
+  template <class V>
+  static V slice_batch(const V& v, index_t sequence) {
+    V out = v;
+    if (v.data && v.shape[0] != 1) out.data += sequence * v.stride[0];
+    return out;
+  }
+  template <class V>
+  static auto at(const V& v, index_t head, index_t i, index_t j) {
+    const index_t h = v.shape[1] == 1 ? 0 : head;
+    return v.data[h * v.stride[1] + i * v.stride[2] + j * v.stride[3]];
+  }
+
+  template <class ScoreTile>
+  void apply_softcap(ScoreTile& s) const {  // s = C tanh(s / C), C = softcap in log2 units
+    const float inv = 1.0f / softcap_;
+    for (index_t r = 0; r < s.rows(); ++r) {
+      float* row = s.row(r);
+      for (index_t j = 0; j < s.cols(); ++j) row[j] = softcap_ * std::tanh(row[j] * inv);
+    }
+  }
+  template <class ScoreTile>
+  void apply_window(ScoreTile& s, const PackedRows& rows, index_t col0) const {
+    for (index_t r = 0; r < rows.count(); ++r) {
+      const index_t i = rows.position(r), n = s.cols();
+      const index_t lo = std::clamp<index_t>(window_.first(i) - col0, 0, n);
+      const index_t hi = std::clamp<index_t>(window_.end(i) - col0, lo, n);
+      std::fill(s.row(r), s.row(r) + lo, negative_infinity);
+      std::fill(s.row(r) + hi, s.row(r) + n, negative_infinity);
+    }
+  }
+  template <class ScoreTile>
+  void apply_mask(ScoreTile& s, const PackedRows& rows, index_t col0) const {
+    for (index_t r = 0; r < rows.count(); ++r)
+      for (index_t j = 0; j < s.cols(); ++j)
+        if (!at(mask_, rows.head(r), rows.position(r), col0 + j)) s(r, j) = negative_infinity;
+  }
+  template <class ScoreTile>
+  void apply_bias(ScoreTile& s, const PackedRows& rows, index_t col0) const {
+    for (index_t r = 0; r < rows.count(); ++r)
+      for (index_t j = 0; j < s.cols(); ++j)
+        s(r, j) += log2e * at(bias_, rows.head(r), rows.position(r), col0 + j);
+  }
+  template <class ScoreTile>
+  void apply_alibi(ScoreTile& s, const PackedRows& rows, index_t col0) const {
+    for (index_t r = 0; r < rows.count(); ++r) {
+      const float slope = -log2e * alibi_[rows.head(r)];
+      const index_t diagonal = rows.position(r) + window_.offset - col0;  // column of distance 0
+      float* row = s.row(r);
+      for (index_t j = 0; j < s.cols(); ++j)
+        row[j] += slope * static_cast<float>(std::abs(diagonal - j));
+    }
+  }
+
+  KeyWindow window_;
+  float softcap_ = 0.0f;  // in log2 units; 0: off
+  ScoreBiasView bias_{};
+  ScoreMaskView mask_{};
+  const float* alibi_ = nullptr;  // slopes of this sequence, one per query head
+};
+
+}  // namespace tileattn::ops
