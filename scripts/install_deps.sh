@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# scripts/install_deps.sh: installs the Debian packages tileattn's build, tests and benchmarks need.
+# Quiet and does nothing when they are all present. When some are missing: installs them as
+# root, otherwise prints the command to run and exits 1.
+set -euo pipefail
+
+packages=(build-essential cmake libeigen3-dev libtbb-dev libgtest-dev libgmock-dev
+          libbenchmark-dev libopenblas-dev python3)
+
+missing=()
+for package in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$package")
+  fi
+done
+
+if (( ${#missing[@]} == 0 )); then
+  exit 0
+fi
+
+command="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
+if (( EUID == 0 )); then
+  echo "install_deps: installing ${missing[*]}" >&2
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+else
+  echo "install_deps: missing Debian packages: ${missing[*]}" >&2
+  echo "install_deps: run this as root, then try again:" >&2
+  echo "  $command" >&2
+  exit 1
+fi

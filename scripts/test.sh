@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# scripts/test.sh: builds everything (Release: tests, examples and benchmarks) in build-tests/
+# and runs the whole ctest suite; exits non-zero on any failure. Works from any directory.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+bash scripts/install_deps.sh
+
+jobs="$(nproc)"
+cmake -S . -B build-tests --log-level=NOTICE \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DTILEATTN_BUILD_TESTS=ON \
+  -DTILEATTN_BUILD_EXAMPLES=ON \
+  -DTILEATTN_BUILD_BENCHMARKS=ON
+cmake --build build-tests -j"$jobs"
+ctest --test-dir build-tests --output-on-failure -j"$jobs"
