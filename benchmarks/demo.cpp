@@ -19,6 +19,7 @@
 
 #include "reference/naive_attention.hpp"
 #include "standard_attention.hpp"
+#include "tileattn/arch/native.hpp"
 #include "tileattn/tileattn.hpp"
 #include "workload.hpp"
 
@@ -175,6 +176,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(s.head_dim), s.causal ? "causal" : "non-causal", workers,
               workers == 1 ? "" : "s",
               tileattn::to_string(tileattn::resolve_backend(options.execution.backend)));
+  std::printf("micro-kernels: %s; ", tileattn::arch::native::name);
   std::printf("tile plan: Br=%lld query rows x Bc=%lld key rows, working set %zu KiB of a %zu KiB SRAM budget\n",
               static_cast<long long>(plan.query_tile_rows), static_cast<long long>(plan.key_tile_rows),
               plan.working_set_bytes / 1024, plan.sram_budget_bytes / 1024);
