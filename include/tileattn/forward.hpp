@@ -102,9 +102,10 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
 inline void forward(TensorView<const float> q, TensorView<const float> k,
                     TensorView<const float> v, TensorView<float> o, LseView lse,
                     const ForwardOptions& options = {}) {
+  detail::check_qkvo(q, k, v, o, detail::padded_layout);
+  detail::check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]},
+                    detail::lse_dims);
   const ForwardParams<float> p = detail::make_params(q, k, v, o, lse, options);
-  detail::check_qkvo(p);
-  detail::check_lse(p, p.batch(), q.shape[dim::seqlen]);
   detail::check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
   detail::check_aliasing(p);
   detail::run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
@@ -125,11 +126,11 @@ inline void forward(TensorView<const float> q, TensorView<const float> k,
 inline void forward_varlen(PackedView<const float> q, PackedView<const float> k,
                            PackedView<const float> v, PackedView<float> o, PackedLseView lse,
                            const VarlenSequences& seqs, const ForwardOptions& options = {}) {
+  detail::check_qkvo(q, k, v, o, detail::packed_layout);
+  detail::check_lse(lse, {q.shape[1], q.shape[0]}, detail::packed_lse_dims);
   const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   ForwardParams<float> p = detail::make_params(detail::unpack(q), detail::unpack(k),
                                                detail::unpack(v), detail::unpack(o), lse4, options);
-  detail::check_qkvo(p);
-  detail::check_lse(p, 1, q.shape[0]);
   detail::require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
   const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
   detail::require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");

@@ -13,36 +13,50 @@
 
 namespace tileattn::detail {
 
-inline constexpr std::array<const char*, 4> qkv_dims{"batch", "seqlen", "heads", "head_dim"};
+/// Which dimension of a Q/K/V/O view holds what: padded batches are [batch, seqlen, heads,
+/// head_dim]; packed variable-length ones [total, heads, head_dim] (no batch dimension).
+template <int R>
+struct QkvLayout {
+  std::array<const char*, static_cast<std::size_t>(R)> names;
+  int batch, seqlen, heads, head_dim;
+};
+inline constexpr QkvLayout<4> padded_layout{{"batch", "seqlen", "heads", "head_dim"}, 0, 1, 2, 3};
+inline constexpr QkvLayout<3> packed_layout{{"total", "heads", "head_dim"}, -1, 0, 1, 2};
 inline constexpr std::array<const char*, 3> lse_dims{"batch", "heads", "seqlen_q"};
+inline constexpr std::array<const char*, 2> packed_lse_dims{"heads", "total_q"};
 inline constexpr std::array<const char*, 4> score_dims{"batch", "heads", "seqlen_q", "seqlen_k"};
 
-template <class T>
-void check_qkvo(const ForwardParams<T>& p) {
-  check_view(p.q, "q", qkv_dims);
-  check_view(p.k, "k", qkv_dims);
-  check_view(p.v, "v", qkv_dims);
-  check_view(p.o, "o", qkv_dims);
-  for (int d : {dim::batch, dim::head_dim}) check_same_extent(p.q, "q", p.k, "k", d, qkv_dims[d]);
-  require(p.q.shape[dim::heads] % p.k.shape[dim::heads] == 0, dim_name("k", "shape", 2, "heads"),
-          "num_heads_q = " + std::to_string(p.q.shape[dim::heads]) +
-              " must be a multiple of num_heads_kv = " + std::to_string(p.k.shape[dim::heads]));
-  for (int d = 0; d < 4; ++d) check_same_extent(p.k, "k", p.v, "v", d, qkv_dims[d]);
-  for (int d = 0; d < 4; ++d) check_same_extent(p.q, "q", p.o, "o", d, qkv_dims[d]);
-  require(head_dim_supported(p.head_dim()), "head_dim",
-          std::to_string(p.head_dim()) + " is not supported (supported: 32, 64, 80, 96, 128, 256)");
+template <class T, int R>
+void check_qkvo(const StridedView<const T, R>& q, const StridedView<const T, R>& k,
+                const StridedView<const T, R>& v, const StridedView<T, R>& o,
+                const QkvLayout<R>& layout) {
+  const auto& names = layout.names;
+  check_view(q, "q", names);
+  check_view(k, "k", names);
+  check_view(v, "v", names);
+  check_view(o, "o", names);
+  for (int d : {layout.batch, layout.head_dim})
+    if (d >= 0) check_same_extent(q, "q", k, "k", d, names[d]);
+  require(q.shape[layout.heads] % k.shape[layout.heads] == 0,
+          dim_name("k", "shape", layout.heads, "heads"),
+          "num_heads_q = " + std::to_string(q.shape[layout.heads]) +
+              " must be a multiple of num_heads_kv = " + std::to_string(k.shape[layout.heads]));
+  for (int d = 0; d < R; ++d) check_same_extent(k, "k", v, "v", d, names[d]);
+  for (int d = 0; d < R; ++d) check_same_extent(q, "q", o, "o", d, names[d]);
+  const index_t head_dim = q.shape[layout.head_dim];
+  require(head_dim_supported(head_dim), "head_dim",
+          std::to_string(head_dim) + " is not supported (supported: 32, 64, 80, 96, 128, 256)");
 }
 
-template <class T>
-void check_lse(const ForwardParams<T>& p, index_t batch, index_t seqlen_q) {
-  if (!p.lse.data) return;
-  check_view(p.lse, "lse", lse_dims);
-  require(p.lse.shape[0] == batch, dim_name("lse", "shape", 0, "batch"),
-          "must be " + std::to_string(batch) + ", got " + std::to_string(p.lse.shape[0]));
-  require(p.lse.shape[1] == p.heads(), dim_name("lse", "shape", 1, "heads"),
-          "must equal q's heads = " + std::to_string(p.heads()));
-  require(p.lse.shape[2] == seqlen_q, dim_name("lse", "shape", 2, "seqlen_q"),
-          "must be " + std::to_string(seqlen_q) + ", got " + std::to_string(p.lse.shape[2]));
+/// An optional LSE output must have exactly the extents `want`.
+template <int R>
+void check_lse(const StridedView<float, R>& lse, const std::array<index_t, static_cast<std::size_t>(R)>& want,
+               const std::array<const char*, static_cast<std::size_t>(R)>& names) {
+  if (!lse.data) return;
+  check_view(lse, "lse", names);
+  for (int d = 0; d < R; ++d)
+    require(lse.shape[d] == want[d], dim_name("lse", "shape", d, names[d]),
+            "must be " + std::to_string(want[d]) + ", got " + std::to_string(lse.shape[d]));
 }
 
 /// A bias or mask must be [B or 1, H or 1, seqlen_q, seqlen_k].

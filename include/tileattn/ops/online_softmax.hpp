@@ -83,14 +83,14 @@ void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o) {
 }
 
 /// Deferred normalization: o /= sum, and lse = ln(sum) + max in natural-log units. A sink
-/// (a logit in log2 units that joins the denominator without a value) may be given. Rows
+/// (a logit in log2 units that joins the denominator without a value; -inf: none) may be given. Rows
 /// that saw no unmasked key get o = 0 and lse = -inf (or the sink's logit).
 template <class AccTile>
 void finalize_rows(AccTile& o, const RowStats& stats, float* lse, const float* sink = nullptr) {
   constexpr float ln2 = std::numbers::ln2_v<float>;
   for (index_t i = 0; i < o.rows(); ++i) {
     float max = stats.max[i], sum = stats.sum[i], o_factor = 1.0f;
-    if (sink) {  // fold 2^(sink - max) into the sum, under the larger of the two maxima
+    if (sink && *sink != negative_infinity) {  // fold 2^(sink - max) into the sum, under the larger maximum
       const float new_max = std::max(max, *sink);
       o_factor = arch::native::exp2(max - new_max);
       sum = sum * o_factor + arch::native::exp2(*sink - new_max);
