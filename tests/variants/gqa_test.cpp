@@ -12,14 +12,15 @@ namespace tileattn::test {
 namespace {
 
 /// SRAM budgets: the detected L2 (one tile packs the whole group), one sized for 16 x 32
-/// tiles, and one so small that a group of 13 or more query heads is split into chunks.
-enum class Budget { l2, small, tiny };
+/// tiles, and one that holds only half a group's query heads at one position and one key,
+/// so that any plan that fits it must split the group into chunks of heads.
+enum class Budget { l2, small, chunked };
 
-std::size_t budget_bytes(Budget b, index_t head_dim) {
+std::size_t budget_bytes(Budget b, index_t head_dim, index_t group) {
   switch (b) {
     case Budget::l2: return 0;
     case Budget::small: return forward_working_set_bytes(16, 32, head_dim);
-    case Budget::tiny: return forward_working_set_bytes(8, 16, head_dim);
+    case Budget::chunked: return forward_working_set_bytes(std::max<index_t>(1, group / 2), 1, head_dim);
   }
   return 0;
 }
@@ -67,7 +68,7 @@ TEST_P(GqaVsReference, MatchesWithinBound) {
   Problem p(c.shape, c.storage, 7);
   ForwardOptions opts;
   opts.causal = c.causal;
-  opts.sram_budget_bytes = budget_bytes(c.budget, c.shape.head_dim);
+  opts.sram_budget_bytes = budget_bytes(c.budget, c.shape.head_dim, c.shape.heads_q / c.shape.heads_kv);
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
   EXPECT_EQ(p.o().changed_outside_view(sentinel), 0u);
 }
@@ -75,13 +76,13 @@ TEST_P(GqaVsReference, MatchesWithinBound) {
 INSTANTIATE_TEST_SUITE_P(Ratios, GqaVsReference, ::testing::ValuesIn(gqa_cases()),
                          [](const auto& info) { return case_name(info.param); });
 
-// The tiny budget really splits large groups into chunks of heads (and the L2 budget packs
+// The chunked budget really splits groups into chunks of heads (and a 1 MiB budget packs
 // them whole), so both paths of the work list run above.
-TEST(GqaPlan, TinyBudgetSplitsLargeGroups) {
+TEST(GqaPlan, ChunkedBudgetSplitsGroups) {
   for (index_t d : supported_head_dims)
-    for (index_t group : {13, 27}) {
+    for (index_t group : {3, 4, 13, 27}) {
       ForwardOptions opts;
-      opts.sram_budget_bytes = budget_bytes(Budget::tiny, d);
+      opts.sram_budget_bytes = budget_bytes(Budget::chunked, d, group);
       EXPECT_LT(plan_forward(d, 37, 91, opts, group).heads_per_tile, group) << "d " << d;
       opts.sram_budget_bytes = 1 << 20;
       EXPECT_EQ(plan_forward(d, 1, 113, opts, group).heads_per_tile, group) << "d " << d;
@@ -100,7 +101,7 @@ TEST(GqaMapping, QueryHeadReadsItsGroupsKvHead) {
     v(b, j, g, c) = static_cast<float>(100 * g + c);
   });
   ForwardOptions opts;
-  opts.sram_budget_bytes = budget_bytes(Budget::tiny, s.head_dim);
+  opts.sram_budget_bytes = budget_bytes(Budget::chunked, s.head_dim, 4);
   p.run(opts);
   const TensorView<const float> o = p.o().cview();
   for_each_index(o.shape, [&](index_t b, index_t i, index_t h, index_t c) {
@@ -171,8 +172,8 @@ TEST(GqaTraffic, BytesMatchTheAnalyticCountExactly) {
   const TrafficCase cases[] = {
       {{2, 16, 4, 100, 130, 64}, false, -1, -1, MaskAlignment::bottom_right, Budget::l2},
       {{2, 16, 4, 100, 130, 64}, true, -1, -1, MaskAlignment::bottom_right, Budget::small},
-      {{1, 27, 1, 57, 41, 32}, true, 9, -1, MaskAlignment::top_left, Budget::tiny},
-      {{1, 65, 5, 33, 70, 32}, false, 5, 3, MaskAlignment::bottom_right, Budget::tiny},
+      {{1, 27, 1, 57, 41, 32}, true, 9, -1, MaskAlignment::top_left, Budget::chunked},
+      {{1, 65, 5, 33, 70, 32}, false, 5, 3, MaskAlignment::bottom_right, Budget::chunked},
       {{3, 6, 2, 70, 33, 96}, false, -1, 0, MaskAlignment::top_left, Budget::small},
   };
   for (const TrafficCase& c : cases) {
@@ -181,7 +182,7 @@ TEST(GqaTraffic, BytesMatchTheAnalyticCountExactly) {
     opts.window_left = c.left;
     opts.window_right = c.right;
     opts.alignment = c.alignment;
-    opts.sram_budget_bytes = budget_bytes(c.budget, c.shape.head_dim);
+    opts.sram_budget_bytes = budget_bytes(c.budget, c.shape.head_dim, c.shape.heads_q / c.shape.heads_kv);
     const Traffic t = measure(c.shape, opts);
     SCOPED_TRACE("heads " + std::to_string(c.shape.heads_q) + "/" + std::to_string(c.shape.heads_kv));
     EXPECT_EQ(t.measured.bytes_read, t.q_bytes + t.kv_bytes);
