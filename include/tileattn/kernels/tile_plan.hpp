@@ -1,14 +1,20 @@
 // tileattn/kernels/tile_plan.hpp: the tile planner: query- and key-tile sizes from the SRAM
 // budget and head_dim, and the exact working set the forward kernel carves for them.
 //
-// Rule (docs/design.md): start from FlashAttention-1's choice for an SRAM of M floats,
-//   Bc = ceil(M / (4 d)),  Br = min(Bc, d),
-// where Br counts packed query rows: with grouped-query attention a tile holds
-// heads_per_tile query heads (those sharing one K/V head) x query_tile_rows positions, so
-// K/V tiles are loaded once per group. Each extent is clamped to its sequence length (one
-// tile when it fits), else rounded down to the SIMD granules below; then the plan shrinks
-// (Bc first while it is the larger, then positions, then heads) until the exact working
-// set fits the budget.
+// Rule (docs/design.md). FlashAttention-1, for an SRAM of M floats, gives the tile it keeps
+// resident across the inner loop M / (4 d) rows and the tile it streams min(that, d) rows:
+//   Bc = ceil(M / (4 d)),  Br = min(Bc, d)      (K/V resident, Q streamed in FA1's order)
+// FlashAttention-2 swaps the loops: the query tile stays resident while K/V stream past it,
+// so the same rule, mapped to FA2's order, is
+//   Br = ceil(M / (4 d)),  Bc = min(Br, d).
+// K/V are then read N / Br times instead of N / d times, which is what makes the HBM
+// traffic Theta(N^2 d^2 / M) rather than Theta(N^2) (docs/design.md measures both).
+// Br counts packed rows: grouped-query attention packs the query heads sharing one K/V
+// head into the tile (heads_per_tile x query_tile_rows positions), so each K/V tile is
+// loaded once per group. Each extent is clamped to its sequence (one tile when it fits),
+// else rounded down to the SIMD granules; then the plan shrinks until the exact working
+// set fits the budget: the streamed Bc first (it costs no traffic) down to 64 keys, then
+// the positions, then the heads of a group, then Bc down to 1.
 #pragma once
 
 #include <algorithm>
@@ -37,6 +43,7 @@ struct TilePlan {
 namespace detail {
 inline constexpr index_t key_tile_granule = 16;   // one AVX-512 vector of fp32 scores
 inline constexpr index_t query_tile_granule = 8;  // rows of the micro-kernels' register block
+inline constexpr index_t min_streamed_keys = 64;  // below this the score tile's rows get too short
 
 constexpr index_t round_down_to(index_t value, index_t granule) {
   return value >= granule ? value / granule * granule : value;
@@ -67,15 +74,16 @@ inline TilePlan plan_forward_tiles(index_t head_dim, index_t seqlen_q, index_t s
                                    std::size_t sram_budget_bytes, index_t group_size = 1) {
   using namespace detail;
   const index_t budget_floats = static_cast<index_t>(sram_budget_bytes / sizeof(float));
-  const index_t bc_rule = std::max<index_t>(1, (budget_floats + 4 * head_dim - 1) / (4 * head_dim));
-  const index_t br_rule = std::min(bc_rule, head_dim);
-  index_t heads = std::min(group_size, br_rule);
-  index_t bc = fit_to_sequence(bc_rule, seqlen_k, key_tile_granule);
+  const index_t br_rule = std::max<index_t>(1, (budget_floats + 4 * head_dim - 1) / (4 * head_dim));
+  const index_t bc_rule = std::min(br_rule, head_dim);
+  index_t heads = group_size;
   index_t rows = fit_to_sequence(std::max<index_t>(1, br_rule / heads), seqlen_q, query_tile_granule);
+  index_t bc = fit_to_sequence(bc_rule, seqlen_k, key_tile_granule);
   while (forward_working_set_bytes(rows * heads, bc, head_dim) > sram_budget_bytes) {
-    if (bc > 1 && bc >= rows * heads) bc = shrink(bc, key_tile_granule);
+    if (bc > min_streamed_keys) bc = shrink(bc, key_tile_granule);
     else if (rows > 1) rows = shrink(rows, query_tile_granule);
     else if (heads > 1) --heads;
+    else if (bc > 1) bc = shrink(bc, key_tile_granule);
     else
       throw budget_error("sram_budget_bytes",
                          std::to_string(sram_budget_bytes) + " bytes cannot hold even 1 x 1 " +
