@@ -1,0 +1,261 @@
+// tests/ops/online_softmax_test.cpp: the online softmax on score tiles (ops/online_softmax.hpp):
+// mask_causal, online_softmax_step over several key tiles + finalize_rows against a direct
+// softmax in double (fully masked rows, rows masked only in early tiles, sinks), and a
+// demonstration that the forward error bound catches a missing rescale.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "support/test_support.hpp"
+#include "tileattn/ops/matmul.hpp"
+#include "tileattn/ops/online_softmax.hpp"
+
+namespace tileattn::test {
+namespace {
+
+constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+
+// ---- mask_causal ------------------------------------------------------------------------------
+
+TEST(MaskCausal, MasksExactlyTheKeysAfterTheDiagonal) {
+  ScratchArena arena(1 << 16);
+  auto s = Tile<float>::carve(arena, 6, 10);
+  for (index_t row0 : {0, 5, 40})
+    for (index_t col0 : {0, 3, 12, 48})
+      for (index_t offset : {-50, -8, -1, 0, 2, 20}) {
+        ops::fill(s, 1.0f);
+        ops::mask_causal(s, row0, col0, offset);
+        for (index_t i = 0; i < 6; ++i)
+          for (index_t j = 0; j < 10; ++j) {
+            const bool masked = col0 + j > row0 + i + offset;  // key after query's diagonal
+            ASSERT_EQ(s(i, j), masked ? neg_inf : 1.0f)
+                << "row0 " << row0 << " col0 " << col0 << " offset " << offset << " at " << i << "," << j;
+          }
+      }
+}
+
+TEST(MaskCausal, RespectsTheExtent) {
+  ScratchArena arena(1 << 16);
+  auto s = Tile<float>::carve(arena, 4, 32);
+  ops::fill(s, 2.0f);
+  s.set_extent(4, 5);
+  ops::mask_causal(s, 0, 0, 0);
+  s.set_extent(4, 32);
+  for (index_t i = 0; i < 4; ++i)
+    for (index_t j = 5; j < 32; ++j) ASSERT_EQ(s(i, j), 2.0f) << "wrote outside the extent";
+}
+
+// ---- online softmax against a direct softmax ------------------------------------------------
+
+constexpr index_t rows = 6, value_cols = 24;
+constexpr index_t key_tiles[] = {7, 16, 3, 20};
+constexpr index_t total_keys = 46;
+
+/// Scores (log2 units) and values for the online-softmax tests: row 2 is masked everywhere,
+/// row 4 in the first two key tiles (so its running max goes from -inf to finite), row 5 at
+/// scattered keys. Scores have a standard deviation of log2(e), as forward's Q K^T / sqrt(d)
+/// with N(0, 1) inputs.
+struct Problem {
+  std::vector<float> scores;  // rows x total_keys
+  std::vector<float> values;  // total_keys x value_cols
+  explicit Problem(std::uint64_t seed) : scores(rows * total_keys), values(total_keys * value_cols) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& x : scores) x = normal(rng) * 1.4427f;
+    for (float& x : values) x = normal(rng);
+    for (index_t j = 0; j < total_keys; ++j) scores[2 * total_keys + j] = neg_inf;
+    for (index_t j = 0; j < 23; ++j) scores[4 * total_keys + j] = neg_inf;
+    for (index_t j = 0; j < total_keys; j += 3) scores[5 * total_keys + j] = neg_inf;
+  }
+  float score(index_t i, index_t j) const { return scores[static_cast<std::size_t>(i * total_keys + j)]; }
+  float value(index_t j, index_t c) const { return values[static_cast<std::size_t>(j * value_cols + c)]; }
+};
+
+struct Result {
+  std::vector<double> o;  // rows x value_cols
+  std::vector<double> lse;
+};
+
+/// softmax(scores in log2 units) V in double, with an optional sink logit (log2 units).
+Result direct_softmax(const Problem& p, std::optional<float> sink = std::nullopt) {
+  Result r{std::vector<double>(rows * value_cols, 0.0), std::vector<double>(rows)};
+  for (index_t i = 0; i < rows; ++i) {
+    double m = sink ? static_cast<double>(*sink) : -INFINITY;
+    for (index_t j = 0; j < total_keys; ++j) m = std::max(m, static_cast<double>(p.score(i, j)));
+    if (std::isinf(m)) {
+      r.lse[static_cast<std::size_t>(i)] = -INFINITY;
+      continue;
+    }
+    double sum = sink ? std::exp2(*sink - m) : 0.0;
+    for (index_t j = 0; j < total_keys; ++j) {
+      const double w = std::exp2(static_cast<double>(p.score(i, j)) - m);
+      sum += w;
+      for (index_t c = 0; c < value_cols; ++c) r.o[static_cast<std::size_t>(i * value_cols + c)] += w * p.value(j, c);
+    }
+    for (index_t c = 0; c < value_cols; ++c) r.o[static_cast<std::size_t>(i * value_cols + c)] /= sum;
+    r.lse[static_cast<std::size_t>(i)] = (m + std::log2(sum)) * std::log(2.0);
+  }
+  return r;
+}
+
+/// The forward kernel's loop over key tiles, on the problem's scores. `step` is the
+/// online-softmax step to use (the real one, or a broken one).
+template <class Step>
+Result tiled_softmax(const Problem& p, Step&& step, const float* sink = nullptr) {
+  ScratchArena arena(1 << 20);
+  auto s = Tile<float>::carve(arena, rows, 32);
+  auto v = Tile<float>::carve(arena, 32, value_cols);
+  auto o = Tile<float>::carve(arena, rows, value_cols);
+  auto stats = ops::RowStats::carve(arena, rows);
+  auto lse = TileVector<float>::carve(arena, rows);
+  ops::fill(o, 0.0f);
+  stats.reset(rows);
+  index_t col0 = 0;
+  for (index_t cols : key_tiles) {
+    s.set_extent(rows, cols);
+    v.set_extent(cols, value_cols);
+    for (index_t i = 0; i < rows; ++i)
+      for (index_t j = 0; j < cols; ++j) s(i, j) = p.score(i, col0 + j);
+    for (index_t j = 0; j < cols; ++j)
+      for (index_t c = 0; c < value_cols; ++c) v(j, c) = p.value(col0 + j, c);
+    step(s, stats, o);
+    ops::matmul_accumulate(o, s, v);
+    col0 += cols;
+  }
+  ops::finalize_rows(o, stats, lse.data(), sink);
+  Result r{std::vector<double>(rows * value_cols), std::vector<double>(rows)};
+  for (index_t i = 0; i < rows; ++i) {
+    r.lse[static_cast<std::size_t>(i)] = lse[i];
+    for (index_t c = 0; c < value_cols; ++c) r.o[static_cast<std::size_t>(i * value_cols + c)] = o(i, c);
+  }
+  return r;
+}
+
+const auto real_step = [](auto& s, ops::RowStats& stats, auto& o) { ops::online_softmax_step(s, stats, o); };
+
+double max_o_error(const Result& a, const Result& b) {
+  double e = 0.0;
+  for (std::size_t n = 0; n < a.o.size(); ++n) e = std::max(e, std::abs(a.o[n] - b.o[n]));
+  return e;
+}
+
+TEST(OnlineSoftmax, MatchesDirectSoftmaxOverSeveralKeyTiles) {
+  for (std::uint64_t seed : {1, 2, 3}) {
+    const Problem p(seed);
+    const Result want = direct_softmax(p), got = tiled_softmax(p, real_step);
+    for (std::size_t n = 0; n < got.o.size(); ++n) ASSERT_FALSE(std::isnan(got.o[n])) << n;
+    EXPECT_LE(max_o_error(got, want), 1e-5);
+    for (index_t i = 0; i < rows; ++i) {
+      if (i == 2) continue;
+      EXPECT_NEAR(got.lse[static_cast<std::size_t>(i)], want.lse[static_cast<std::size_t>(i)], 1e-5) << "row " << i;
+    }
+  }
+}
+
+TEST(OnlineSoftmax, FullyMaskedRowGivesZeroOutputAndMinusInfinityLse) {
+  const Problem p(4);
+  const Result got = tiled_softmax(p, real_step);
+  for (index_t c = 0; c < value_cols; ++c) EXPECT_EQ(got.o[static_cast<std::size_t>(2 * value_cols + c)], 0.0) << c;
+  EXPECT_TRUE(std::isinf(got.lse[2]) && got.lse[2] < 0) << got.lse[2];
+  // Row 4 saw only masked keys in its first two tiles and is still right.
+  const Result want = direct_softmax(p);
+  for (index_t c = 0; c < value_cols; ++c)
+    EXPECT_NEAR(got.o[static_cast<std::size_t>(4 * value_cols + c)], want.o[static_cast<std::size_t>(4 * value_cols + c)], 1e-5);
+}
+
+TEST(OnlineSoftmax, StepLeavesMaskedRowsAtZeroProbability) {
+  ScratchArena arena(1 << 16);
+  auto s = Tile<float>::carve(arena, 2, 16);
+  auto o = Tile<float>::carve(arena, 2, 16);
+  auto stats = ops::RowStats::carve(arena, 2);
+  stats.reset(2);
+  ops::fill(o, 0.0f);
+  ops::fill(s, neg_inf);
+  s(1, 3) = 1.0f;
+  s(1, 4) = 2.0f;
+  ops::online_softmax_step(s, stats, o);
+  for (index_t j = 0; j < 16; ++j) EXPECT_EQ(s(0, j), 0.0f);
+  EXPECT_EQ(stats.max[0], neg_inf);
+  EXPECT_EQ(stats.sum[0], 0.0f);
+  EXPECT_EQ(stats.max[1], 2.0f);
+  EXPECT_NEAR(s(1, 3), 0.5f, 1e-6);
+  EXPECT_NEAR(s(1, 4), 1.0f, 1e-6);
+  EXPECT_NEAR(stats.sum[1], 1.5f, 1e-6);
+}
+
+TEST(OnlineSoftmax, SinkJoinsTheDenominator) {
+  for (float sink : {-3.0f, 0.5f, 6.0f}) {
+    const Problem p(5);
+    const Result want = direct_softmax(p, sink), got = tiled_softmax(p, real_step, &sink);
+    EXPECT_LE(max_o_error(got, want), 1e-5) << "sink " << sink;
+    for (index_t i = 0; i < rows; ++i)
+      EXPECT_NEAR(got.lse[static_cast<std::size_t>(i)], want.lse[static_cast<std::size_t>(i)], 1e-5)
+          << "row " << i << ", sink " << sink;
+    // The fully masked row sees only the sink: O = 0, LSE = the sink's logit (natural log).
+    for (index_t c = 0; c < value_cols; ++c) EXPECT_EQ(got.o[static_cast<std::size_t>(2 * value_cols + c)], 0.0);
+    EXPECT_NEAR(got.lse[2], sink * std::log(2.0), 1e-6);
+  }
+}
+
+// A kernel that forgets to rescale the output accumulator when the running max grows
+// (o *= 2^(old max - new max)) is off by far more than forward_o_tolerance, the bound every
+// forward accuracy test uses: that bound would catch the bug.
+TEST(OnlineSoftmax, MissingRescaleIsCaught) {
+  const auto step_without_rescale = [](auto& s, ops::RowStats& stats, auto& o) {
+    (void)o;  // the bug: o keeps its old scale
+    for (index_t i = 0; i < s.rows(); ++i) {
+      float* p = s.row(i);
+      float m = stats.max[i];
+      for (index_t j = 0; j < s.cols(); ++j) m = std::max(m, p[j]);
+      if (m == neg_inf) {
+        std::fill_n(p, s.cols(), 0.0f);
+        continue;
+      }
+      float sum = 0.0f;
+      for (index_t j = 0; j < s.cols(); ++j) sum += (p[j] = std::exp2(p[j] - m));
+      stats.sum[i] = stats.sum[i] * std::exp2(stats.max[i] - m) + sum;
+      stats.max[i] = m;
+    }
+  };
+  for (std::uint64_t seed : {1, 2, 3}) {
+    const Problem p(seed);
+    const Result want = direct_softmax(p);
+    const double broken = max_o_error(tiled_softmax(p, step_without_rescale), want);
+    const double fine = max_o_error(tiled_softmax(p, real_step), want);
+    EXPECT_GT(broken, 1e-2) << "seed " << seed;
+    EXPECT_GT(broken, 100 * forward_o_tolerance) << "seed " << seed;
+    EXPECT_LT(fine, forward_o_tolerance) << "seed " << seed;
+  }
+}
+
+TEST(OnlineSoftmax, RowStatsResetAndSlice) {
+  ScratchArena arena(1 << 12);
+  auto stats = ops::RowStats::carve(arena, 8);
+  EXPECT_EQ(arena.used(), ops::RowStats::footprint(8));
+  stats.reset(8);
+  for (index_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(stats.max[i], neg_inf);
+    EXPECT_EQ(stats.sum[i], 0.0f);
+  }
+  stats.max[5] = 3.0f;
+  const auto s = stats.slice(4, 3);
+  EXPECT_EQ(s.max[1], 3.0f);
+  EXPECT_EQ(s.max.size(), 3);
+}
+
+TEST(TileOps, FillAndScaleRespectTheExtent) {
+  ScratchArena arena(1 << 16);
+  auto t = Tile<float>::carve(arena, 5, 40);
+  ops::fill(t, 1.0f);
+  t.set_extent(3, 17);
+  ops::scale(t, 4.0f);
+  t.set_extent(5, 40);
+  for (index_t r = 0; r < 5; ++r)
+    for (index_t c = 0; c < 40; ++c) ASSERT_EQ(t(r, c), (r < 3 && c < 17) ? 4.0f : 1.0f) << r << "," << c;
+}
+
+}  // namespace
+}  // namespace tileattn::test
