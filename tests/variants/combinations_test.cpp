@@ -95,6 +95,8 @@ ForwardOptions options_for(const Combination& c, const ModifierInputs& in) {
   return opts;
 }
 
+constexpr unsigned everything = gqa | window | causal | softcap | alibi | sinks | bias | mask;
+
 class EveryCombination : public ::testing::TestWithParam<Combination> {};
 
 TEST_P(EveryCombination, MatchesReference) {
@@ -121,6 +123,28 @@ TEST_P(EveryCombination, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Subsets, EveryCombination, ::testing::ValuesIn(all_combinations()),
                          [](const auto& info) { return case_name(info.param); });
 
+// Two larger cases (the reference costs O(Nq Nk d) in double): every feature at once on
+// FlashAttention's awkward 1023 x 1024-like sizes, GQA 8/2 and 65/5, with K/V interleaved.
+TEST(LargeCombinations, EveryFeatureAtOnce) {
+  struct Large {
+    Shape shape;
+    MaskAlignment alignment;
+  };
+  for (const Large& c : {Large{{1, 8, 2, 1023, 1024, 64}, MaskAlignment::bottom_right},
+                         Large{{1, 65, 5, 257, 600, 32}, MaskAlignment::top_left}}) {
+    const Shape& s = c.shape;
+    SCOPED_TRACE(std::to_string(s.heads_q) + "/" + std::to_string(s.heads_kv) + " " +
+                 std::to_string(s.seqlen_q) + "x" + std::to_string(s.seqlen_k));
+    Problem p(s, KvStorage::interleaved, 97);
+    const ModifierInputs in = make_inputs(s.batch, s.heads_q, s.seqlen_q, s.seqlen_k, false);
+    ForwardOptions opts = options_for({everything, s.head_dim, Backend::automatic, 0}, in);
+    opts.window_left = 300;
+    opts.alignment = c.alignment;
+    opts.sram_budget_bytes = 0;  // the detected L2: the plan a user gets
+    EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
+  }
+}
+
 // ---- Bitwise identical across backends and thread counts ------------------------------------
 
 std::vector<Execution> every_execution() {
@@ -133,8 +157,6 @@ std::vector<Execution> every_execution() {
 std::string describe(const Execution& e) {
   return std::string(to_string(e.backend)) + " x " + std::to_string(e.num_threads);
 }
-
-constexpr unsigned everything = gqa | window | causal | softcap | alibi | sinks | bias | mask;
 
 TEST(Determinism, CombinedOptionsBitwiseIdenticalOnEveryBackend) {
   const Combination c{everything, 64, Backend::serial, 1};

@@ -268,7 +268,7 @@ class VarlenProblem {
  public:
   VarlenProblem(std::vector<std::int32_t> q_lens, std::vector<std::int32_t> k_lens, index_t heads_q,
                 index_t heads_kv, index_t head_dim, std::uint64_t seed = 1)
-      : heads_q_(heads_q), heads_kv_(heads_kv), head_dim_(head_dim) {
+      : heads_q_(heads_q), head_dim_(head_dim) {
     cu_q_ = prefix_sums(q_lens);
     cu_k_ = prefix_sums(k_lens);
     max_q_ = *std::max_element(q_lens.begin(), q_lens.end());
@@ -375,7 +375,7 @@ class VarlenProblem {
     return cu;
   }
 
-  index_t heads_q_, heads_kv_, head_dim_;
+  index_t heads_q_, head_dim_;
   std::vector<std::int32_t> cu_q_, cu_k_;
   index_t max_q_ = 0, max_k_ = 0, rows_q_ = 0;
   std::vector<float> q_buffer_, o_buffer_, lse_buffer_, kv_buffer_;

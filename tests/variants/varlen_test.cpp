@@ -76,7 +76,9 @@ TEST_P(VarlenVsReference, EverySequenceMatchesItsReference) {
 
   index_t masked = 0;
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts, &masked)));
-  if (opts.sinks.empty()) EXPECT_GE(masked, 64 * H) << "the empty-key sequence's rows see no key";
+  if (opts.sinks.empty()) {
+    EXPECT_GE(masked, 64 * H) << "the empty-key sequence's rows see no key";
+  }
   EXPECT_EQ(p.spare_rows_written(), 0) << "forward_varlen wrote past the last sequence";
   // The empty-key sequence (b = 2), explicitly: O = 0, LSE = -inf (the sink's logit with sinks).
   const TensorView<const float> o2 = p.o_of(2);
