@@ -354,6 +354,38 @@ TYPED_TEST(MicroKernels, ScaleIsOneRoundedMultiply) {
   }
 }
 
+// ---- transpose (SIMD arches only; the loaders' fast path for K^T) -----------------------
+
+/// Checks dst = src^T for awkward blocks, with src rows far apart (as in a BSHD tensor) and
+/// dst rows padded, and that dst's padding is never written.
+template <class Transpose>
+void check_transpose(Transpose transpose, const char* arch) {
+  std::mt19937 rng(17);
+  for (index_t rows : {0, 1, 7, 8, 9, 15, 16, 17, 33, 128, 130})
+    for (index_t cols : {1, 7, 8, 9, 16, 17, 32, 80, 128}) {
+      const index_t lds = 3 * cols + 5, ldd = (rows + 15) / 16 * 16 + 16;
+      Buffer src(static_cast<std::size_t>(rows * lds)), dst(static_cast<std::size_t>(cols * ldd));
+      for (index_t r = 0; r < rows; ++r)
+        for (index_t c = 0; c < cols; ++c) src.data[r * lds + c] = nonzero_uniform(rng);
+      transpose(rows, cols, src.data, lds, dst.data, ldd);
+      for (index_t c = 0; c < cols; ++c) {
+        for (index_t r = 0; r < rows; ++r)
+          ASSERT_EQ(dst.data[c * ldd + r], src.data[r * lds + c])
+              << arch << " rows=" << rows << " cols=" << cols << " at (" << c << ", " << r << ")";
+        for (index_t r = rows; r < ldd; ++r)
+          ASSERT_EQ(dst.data[c * ldd + r], guard) << arch << " wrote padding, rows=" << rows;
+      }
+      ASSERT_EQ(dst.data[cols * ldd], guard) << arch << " wrote past the end";
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+TEST(Transpose, Avx2MatchesTheDefinition) { check_transpose(avx2::transpose, "avx2"); }
+#endif
+#if defined(__AVX512F__)
+TEST(Transpose, Avx512MatchesTheDefinition) { check_transpose(avx512::transpose, "avx512"); }
+#endif
+
 // ---- The compile-time choice ---------------------------------------------------------
 
 TEST(NativeArch, FollowsTheTargetMacros) {

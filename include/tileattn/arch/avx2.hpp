@@ -1,12 +1,16 @@
 // tileattn/arch/avx2.hpp: AVX2 + FMA micro-kernels: register-blocked tile gemm, vector 2^x,
-// row max, scale. Same contracts as arch/generic.hpp; compiles to nothing without AVX2+FMA.
+// row max, scale, and a register transpose. Same contracts as arch/generic.hpp; compiles
+// to nothing without AVX2 and FMA.
 //
-// The gemm keeps a 6 x 16 block of C in 12 ymm accumulators (6 rows x 2 vectors of 8
-// floats): with 2 loads of B and 6 broadcasts of A per step of K that is 15 of the 16 ymm
-// registers. Two FMA pipes at 4-5 cycles of latency need 8-10 independent accumulators,
-// so 12 keep both busy. Columns beyond the last whole 16 go through a 1- or 2-vector
-// kernel whose last vector uses vmaskmovps; rows beyond the last whole 6 through a kernel
-// instantiated for 1-5 rows.
+// gemm. A 6 x 16 block of C lives in 12 ymm accumulators (6 rows x 2 vectors of 8
+// floats); with 2 loads of B and a broadcast of A per row that is 15 of the 16 ymm
+// registers. Two FMA pipes at 4-5 cycles of latency need 8-10 FMAs in flight, so 12
+// independent accumulators keep both busy. C is swept in column panels of 2 vectors; an
+// odd count ends with a 3-vector panel of 4 rows (again 12 accumulators) rather than a
+// lone vector; the last vector is masked (vmaskmovps) when N is not a multiple of 8.
+// Rows go in blocks of the panel's height, then one block of the rows left. When M is
+// large enough to reuse it, each panel of B is first copied, 128 rows of K at a time,
+// into a contiguous buffer that stays in L1 (see arch/avx512.hpp for why).
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -26,9 +30,10 @@ inline constexpr const char* name = "avx2";
 namespace detail {
 
 inline constexpr index_t lanes = 8;      // floats per ymm register
-inline constexpr int block_rows = 6;     // rows of C held in registers
 inline constexpr int block_vectors = 2;  // ymm vectors of C per row held in registers
-inline constexpr index_t block_cols = block_vectors * lanes;
+
+/// Rows of C held in registers for a panel `vectors` wide: 12 accumulators, or 8.
+constexpr int block_rows(int vectors) { return vectors == 3 ? 4 : vectors == 2 ? 6 : 8; }
 
 /// A vmaskmovps mask with lanes [0, count) set, count in [0, 8].
 inline __m256i first_lanes(index_t count) {
@@ -94,23 +99,80 @@ inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, i
   }
 }
 
+/// The last `rows_left` (< Rows) rows of a panel: one block instantiated for that count.
+template <int Rows, int Vectors, bool Accumulate, bool Masked>
+inline void gemm_row_tail(index_t rows_left, index_t k, const float* a, index_t lda,
+                          const float* b, index_t ldb, float* c, index_t ldc, __m256i last) {
+  if constexpr (Rows > 0) {
+    if (rows_left == Rows)
+      gemm_block<Rows, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last);
+    else
+      gemm_row_tail<Rows - 1, Vectors, Accumulate, Masked>(rows_left, k, a, lda, b, ldb, c, ldc,
+                                                           last);
+  }
+}
+
 /// One column panel of C (all M rows, Vectors*8 columns) in blocks of block_rows rows.
 template <int Vectors, bool Accumulate, bool Masked>
 inline void gemm_panel(index_t m, index_t k, const float* a, index_t lda, const float* b,
                        index_t ldb, float* c, index_t ldc, __m256i last) {
+  constexpr int rows = block_rows(Vectors);
   index_t i = 0;
-  for (; i + block_rows <= m; i += block_rows)
-    gemm_block<block_rows, Vectors, Accumulate, Masked>(k, a + i * lda, lda, b, ldb,
-                                                        c + i * ldc, ldc, last);
-  a += i * lda;
-  c += i * ldc;
-  switch (m - i) {
-    case 5: gemm_block<5, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 4: gemm_block<4, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 3: gemm_block<3, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 2: gemm_block<2, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 1: gemm_block<1, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    default: break;
+  for (; i + rows <= m; i += rows)
+    gemm_block<rows, Vectors, Accumulate, Masked>(k, a + i * lda, lda, b, ldb, c + i * ldc,
+                                                  ldc, last);
+  if (i < m)
+    gemm_row_tail<rows - 1, Vectors, Accumulate, Masked>(m - i, k, a + i * lda, lda, b, ldb,
+                                                         c + i * ldc, ldc, last);
+}
+
+inline constexpr index_t pack_depth = 128;  // rows of B per packed buffer
+inline constexpr index_t pack_min_rows = 18;  // fewer rows of C: B is read in place
+
+/// packed (depth x Vectors*8, contiguous) = B (depth x Vectors*8), masked lanes zeroed.
+template <int Vectors, bool Masked>
+inline void pack_panel(index_t depth, const float* b, index_t ldb, float* packed,
+                       __m256i last) {
+  for (index_t p = 0; p < depth; ++p) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vectors; ++v) {
+      const float* from = b + p * ldb + v * lanes;
+      _mm256_store_ps(packed + (p * Vectors + v) * lanes,
+                      Masked && v == Vectors - 1 ? _mm256_maskload_ps(from, last)
+                                                 : _mm256_loadu_ps(from));
+    }
+  }
+}
+
+/// gemm_panel, with B copied into an L1-resident buffer pack_depth rows of K at a time
+/// when there are enough rows of C to reuse each copy. The accumulators pass through C
+/// between depth blocks exactly (fp32 stores and loads), so results do not depend on it.
+template <int Vectors, bool Accumulate, bool Masked>
+inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda, const float* b,
+                              index_t ldb, float* c, index_t ldc, __m256i last) {
+  if (m < pack_min_rows || k == 0) {
+    gemm_panel<Vectors, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last);
+    return;
+  }
+  constexpr index_t packed_ld = Vectors * lanes;
+  alignas(64) float packed[pack_depth * packed_ld];
+  for (index_t p0 = 0; p0 < k; p0 += pack_depth) {
+    const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
+    pack_panel<Vectors, Masked>(depth, b + p0 * ldb, ldb, packed, last);
+    if (p0 == 0)
+      gemm_panel<Vectors, Accumulate, Masked>(m, depth, a, lda, packed, packed_ld, c, ldc, last);
+    else
+      gemm_panel<Vectors, true, Masked>(m, depth, a + p0, lda, packed, packed_ld, c, ldc, last);
+  }
+}
+
+template <bool Accumulate, bool Masked>
+inline void gemm_panel_of(int vectors, index_t m, index_t k, const float* a, index_t lda,
+                          const float* b, index_t ldb, float* c, index_t ldc, __m256i last) {
+  switch (vectors) {
+    case 1: gemm_panel_packed<1, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    case 3: gemm_panel_packed<3, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    default: gemm_panel_packed<2, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
   }
 }
 
@@ -138,6 +200,54 @@ inline __m256 exp2(__m256 x) {
   return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);  // NaN lanes: p is NaN, so NaN out
 }
 
+/// Transposes the 8 x 8 block whose rows are r[0..8) in place: r[c] becomes column c.
+inline void transpose_8x8(__m256 r[8]) {
+  __m256 t[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // t[2i], t[2i+1]: rows 2i and 2i+1 interleaved
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int g = 0; g < 2; ++g) {  // r[4g + j], 128-bit lane L: rows 4g..4g+3 of column 4L + j
+    const __m256 u0 = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    const __m256 u1 = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    const __m256 u3 = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    r[4 * g] = u0;
+    r[4 * g + 1] = u1;
+    r[4 * g + 2] = u2;
+    r[4 * g + 3] = u3;
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {  // column j: low lanes of both groups; 4 + j: high lanes
+    t[j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x20);
+    t[4 + j] = _mm256_permute2f128_ps(r[j], r[4 + j], 0x31);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+/// One block of transpose(): up to 8 x 8, masked unless Full.
+template <bool Full>
+inline void transpose_block(index_t rows, index_t cols, const float* src, index_t lds,
+                            float* dst, index_t ldd) {
+  const __m256i col_mask = first_lanes(Full ? lanes : cols);
+  const __m256i row_mask = first_lanes(Full ? lanes : rows);
+  __m256 r[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    if (Full) r[i] = _mm256_loadu_ps(src + i * lds);
+    else r[i] = i < rows ? _mm256_maskload_ps(src + i * lds, col_mask) : _mm256_setzero_ps();
+  }
+  transpose_8x8(r);
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    if (Full) _mm256_storeu_ps(dst + i * ldd, r[i]);
+    else if (i < cols) _mm256_maskstore_ps(dst + i * ldd, row_mask, r[i]);
+  }
+}
+
 }  // namespace detail
 
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
@@ -147,17 +257,18 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
           index_t ldb, float* c, index_t ldc) {
   using namespace detail;
   if (m <= 0 || n <= 0) return;
-  const __m256i all = first_lanes(lanes);
-  index_t j = 0;
-  for (; j + block_cols <= n; j += block_cols)
-    gemm_panel<block_vectors, Accumulate, false>(m, k, a, lda, b + j, ldb, c + j, ldc, all);
-  const index_t rest = n - j;
-  if (rest == 0) return;
-  if (rest > lanes) {
-    gemm_panel<2, Accumulate, true>(m, k, a, lda, b + j, ldb, c + j, ldc,
-                                    first_lanes(rest - lanes));
-  } else {
-    gemm_panel<1, Accumulate, true>(m, k, a, lda, b + j, ldb, c + j, ldc, first_lanes(rest));
+  const index_t last_lanes = n % lanes == 0 ? lanes : n % lanes;
+  index_t remaining = (n + lanes - 1) / lanes;  // vectors of C per row still to do
+  for (index_t j = 0; remaining > 0;) {
+    const int vectors = remaining == 3 ? 3 : remaining == 1 ? 1 : block_vectors;
+    remaining -= vectors;
+    if (remaining == 0 && last_lanes != lanes)
+      gemm_panel_of<Accumulate, true>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
+                                      first_lanes(last_lanes));
+    else
+      gemm_panel_of<Accumulate, false>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
+                                       first_lanes(lanes));
+    j += vectors * lanes;
   }
 }
 
@@ -212,6 +323,29 @@ inline void scale(float* x, index_t n, float factor) {
   if (j < n) {
     const __m256i mask = detail::first_lanes(n - j);
     _mm256_maskstore_ps(x + j, mask, _mm256_mul_ps(_mm256_maskload_ps(x + j, mask), f));
+  }
+}
+
+/// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: a rows x cols row-major
+/// block written out as its cols x rows transpose (K rows into a K^T tile). In 8 x 8
+/// blocks through registers; the partial blocks at the edges are masked.
+inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst,
+                      index_t ldd) {
+  using detail::lanes;
+  // Column blocks outside: the stores then run along dst rows. Row blocks outside would
+  // write 16 dst rows one ldd apart per block, and with ldd a power of two (Bc = 512)
+  // those lines fall into a couple of L1 sets and evict each other: 2-4x slower.
+  for (index_t c0 = 0; c0 < cols; c0 += lanes) {
+    const index_t block_cols = cols - c0 < lanes ? cols - c0 : lanes;
+    for (index_t r0 = 0; r0 < rows; r0 += lanes) {
+      const index_t block_rows = rows - r0 < lanes ? rows - r0 : lanes;
+      const float* from = src + r0 * lds + c0;
+      float* to = dst + c0 * ldd + r0;
+      if (block_rows == lanes && block_cols == lanes)
+        detail::transpose_block<true>(lanes, lanes, from, lds, to, ldd);
+      else
+        detail::transpose_block<false>(block_rows, block_cols, from, lds, to, ldd);
+    }
   }
 }
 

@@ -1,13 +1,18 @@
 // tileattn/arch/avx512.hpp: AVX-512F micro-kernels: register-blocked tile gemm, vector 2^x,
-// row max, scale. Same contracts as arch/generic.hpp; compiles to nothing without AVX-512F.
+// row max, scale, and a register transpose. Same contracts as arch/generic.hpp; compiles
+// to nothing without AVX-512F.
 //
-// The gemm keeps an 8 x 48 block of C in 24 zmm accumulators (8 rows x 3 vectors of 16
-// floats) and streams A and B through it: per step of K, 3 loads of B and 8 broadcasts
-// of A feed 24 FMAs. Zen 4 and Intel cores retire about one (Zen 4) or two (Intel) zmm
-// FMAs per cycle at 4 cycles of latency, so 24 independent accumulators hide the latency
-// on both, and 11 loads per 24 FMAs stay under the two load ports. Columns beyond the
-// last whole 48 run through the same kernel with 1-3 vectors and a masked last vector;
-// rows beyond the last whole 8 through a kernel instantiated for 1-7 rows.
+// gemm. An 8 x 48 block of C lives in 24 zmm accumulators (8 rows x 3 vectors of 16
+// floats); per step of K, 3 loads of B and 8 broadcasts of A feed 24 FMAs. Cores retire
+// one (Zen 4) or two (Zen 5, Intel) zmm FMAs per cycle at 4 cycles of latency, so up to 8
+// FMAs must be in flight: 24 independent accumulators cover that with room, and 11 loads
+// per 24 FMAs stay under two load ports. C is swept in column panels of 3 vectors (2 + 2
+// for the last 4, so no panel is left with a lone vector), the last vector masked when N
+// is not a multiple of 16; each panel in blocks of 8 rows, then one block of the 1-7
+// rows left. When M is large enough to reuse it, each panel of B is first copied, 128
+// rows of K at a time, into a contiguous 24 KiB buffer that stays in L1: B tiles have
+// power-of-two leading dimensions (Bc = 512, d = 128), whose rows otherwise fall into a
+// few L1 sets and evict each other.
 #pragma once
 
 #if defined(__AVX512F__)
@@ -36,7 +41,6 @@ namespace detail {
 inline constexpr index_t lanes = 16;        // floats per zmm register
 inline constexpr int block_rows = 8;        // rows of C held in registers
 inline constexpr int block_vectors = 3;     // zmm vectors of C per row held in registers
-inline constexpr index_t block_cols = block_vectors * lanes;
 
 /// Lanes [0, count) set, count in [1, 16].
 inline __mmask16 first_lanes(index_t count) {
@@ -88,6 +92,19 @@ inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, i
   }
 }
 
+/// The last `rows_left` (< Rows) rows of a panel: one block instantiated for that count.
+template <int Rows, int Vectors, bool Accumulate, bool Masked>
+inline void gemm_row_tail(index_t rows_left, index_t k, const float* a, index_t lda,
+                          const float* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
+  if constexpr (Rows > 0) {
+    if (rows_left == Rows)
+      gemm_block<Rows, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last);
+    else
+      gemm_row_tail<Rows - 1, Vectors, Accumulate, Masked>(rows_left, k, a, lda, b, ldb, c, ldc,
+                                                           last);
+  }
+}
+
 /// One column panel of C (all M rows, Vectors*16 columns) in blocks of block_rows rows.
 template <int Vectors, bool Accumulate, bool Masked>
 inline void gemm_panel(index_t m, index_t k, const float* a, index_t lda, const float* b,
@@ -96,17 +113,58 @@ inline void gemm_panel(index_t m, index_t k, const float* a, index_t lda, const 
   for (; i + block_rows <= m; i += block_rows)
     gemm_block<block_rows, Vectors, Accumulate, Masked>(k, a + i * lda, lda, b, ldb,
                                                         c + i * ldc, ldc, last);
-  a += i * lda;
-  c += i * ldc;
-  switch (m - i) {
-    case 7: gemm_block<7, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 6: gemm_block<6, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 5: gemm_block<5, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 4: gemm_block<4, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 3: gemm_block<3, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 2: gemm_block<2, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    case 1: gemm_block<1, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last); break;
-    default: break;
+  if (i < m)
+    gemm_row_tail<block_rows - 1, Vectors, Accumulate, Masked>(m - i, k, a + i * lda, lda, b,
+                                                               ldb, c + i * ldc, ldc, last);
+}
+
+inline constexpr index_t pack_depth = 128;               // rows of B per packed buffer
+inline constexpr index_t pack_min_rows = 3 * block_rows;  // fewer rows of C: B is read in place
+
+/// packed (depth x Vectors*16, contiguous) = B (depth x Vectors*16), masked lanes zeroed.
+template <int Vectors, bool Masked>
+inline void pack_panel(index_t depth, const float* b, index_t ldb, float* packed,
+                       __mmask16 last) {
+  for (index_t p = 0; p < depth; ++p) {
+#pragma GCC unroll 4
+    for (int v = 0; v < Vectors; ++v) {
+      const float* from = b + p * ldb + v * lanes;
+      _mm512_store_ps(packed + (p * Vectors + v) * lanes,
+                      Masked && v == Vectors - 1 ? _mm512_maskz_loadu_ps(last, from)
+                                                 : _mm512_loadu_ps(from));
+    }
+  }
+}
+
+/// gemm_panel, with B copied into an L1-resident buffer pack_depth rows of K at a time
+/// when there are enough rows of C to reuse each copy. The accumulators pass through C
+/// between depth blocks exactly (fp32 stores and loads), so results do not depend on it.
+template <int Vectors, bool Accumulate, bool Masked>
+inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda, const float* b,
+                              index_t ldb, float* c, index_t ldc, __mmask16 last) {
+  if (m < pack_min_rows || k == 0) {
+    gemm_panel<Vectors, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last);
+    return;
+  }
+  constexpr index_t packed_ld = Vectors * lanes;
+  alignas(64) float packed[pack_depth * packed_ld];
+  for (index_t p0 = 0; p0 < k; p0 += pack_depth) {
+    const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
+    pack_panel<Vectors, Masked>(depth, b + p0 * ldb, ldb, packed, last);
+    if (p0 == 0)
+      gemm_panel<Vectors, Accumulate, Masked>(m, depth, a, lda, packed, packed_ld, c, ldc, last);
+    else
+      gemm_panel<Vectors, true, Masked>(m, depth, a + p0, lda, packed, packed_ld, c, ldc, last);
+  }
+}
+
+template <bool Accumulate, bool Masked>
+inline void gemm_panel_of(int vectors, index_t m, index_t k, const float* a, index_t lda,
+                          const float* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
+  switch (vectors) {
+    case 1: gemm_panel_packed<1, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    case 2: gemm_panel_packed<2, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    default: gemm_panel_packed<3, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
   }
 }
 
@@ -127,6 +185,58 @@ inline __m512 exp2(__m512 x) {
   return _mm512_scalef_ps(p, n);  // p * 2^n, rounded once (also into the subnormals)
 }
 
+/// Transposes the 16 x 16 block whose rows are r[0..16) in place: r[c] becomes column c.
+/// Three rounds of lane shuffles: pairs of rows, 4 x 4 blocks within 128-bit lanes, lanes.
+inline void transpose_16x16(__m512 r[16]) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {  // t[2i], t[2i+1]: rows 2i and 2i+1 interleaved
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g) {  // r[4g + j], 128-bit lane L: rows 4g..4g+3 of column 4L + j
+    r[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {  // gather the four row groups' lanes of each column
+    t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+    t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+    t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+    t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+    r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
+    r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD);
+  }
+}
+
+/// One block of transpose(): up to 16 x 16, masked unless Full.
+template <bool Full>
+inline void transpose_block(index_t rows, index_t cols, const float* src, index_t lds,
+                            float* dst, index_t ldd) {
+  const __mmask16 col_mask = Full ? __mmask16(0xFFFF) : first_lanes(cols);
+  const __mmask16 row_mask = Full ? __mmask16(0xFFFF) : first_lanes(rows);
+  __m512 r[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if (Full) r[i] = _mm512_loadu_ps(src + i * lds);
+    else r[i] = i < rows ? _mm512_maskz_loadu_ps(col_mask, src + i * lds) : _mm512_setzero_ps();
+  }
+  transpose_16x16(r);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) {
+    if (Full) _mm512_storeu_ps(dst + i * ldd, r[i]);
+    else if (i < cols) _mm512_mask_storeu_ps(dst + i * ldd, row_mask, r[i]);
+  }
+}
+
 }  // namespace detail
 
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
@@ -136,18 +246,18 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
           index_t ldb, float* c, index_t ldc) {
   using namespace detail;
   if (m <= 0 || n <= 0) return;
-  constexpr __mmask16 all = 0xFFFF;
-  index_t j = 0;
-  for (; j + block_cols <= n; j += block_cols)
-    gemm_panel<block_vectors, Accumulate, false>(m, k, a, lda, b + j, ldb, c + j, ldc, all);
-  const index_t rest = n - j;
-  if (rest == 0) return;
-  const index_t vectors = (rest + lanes - 1) / lanes;
-  const __mmask16 last = first_lanes(rest - (vectors - 1) * lanes);
-  switch (vectors) {
-    case 1: gemm_panel<1, Accumulate, true>(m, k, a, lda, b + j, ldb, c + j, ldc, last); break;
-    case 2: gemm_panel<2, Accumulate, true>(m, k, a, lda, b + j, ldb, c + j, ldc, last); break;
-    default: gemm_panel<3, Accumulate, true>(m, k, a, lda, b + j, ldb, c + j, ldc, last); break;
+  const index_t last_lanes = n % lanes == 0 ? lanes : n % lanes;
+  index_t remaining = (n + lanes - 1) / lanes;  // vectors of C per row still to do
+  for (index_t j = 0; remaining > 0;) {
+    const int vectors = remaining == 4 ? 2 : remaining < block_vectors ? static_cast<int>(remaining)
+                                                                        : block_vectors;
+    remaining -= vectors;
+    if (remaining == 0 && last_lanes != lanes)
+      gemm_panel_of<Accumulate, true>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
+                                      first_lanes(last_lanes));
+    else
+      gemm_panel_of<Accumulate, false>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc, 0xFFFF);
+    j += vectors * lanes;
   }
 }
 
@@ -200,6 +310,29 @@ inline void scale(float* x, index_t n, float factor) {
   if (j < n) {
     const __mmask16 mask = detail::first_lanes(n - j);
     _mm512_mask_storeu_ps(x + j, mask, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + j), f));
+  }
+}
+
+/// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: a rows x cols row-major
+/// block written out as its cols x rows transpose (K rows into a K^T tile). In 16 x 16
+/// blocks through registers; the partial blocks at the edges are masked.
+inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst,
+                      index_t ldd) {
+  using detail::lanes;
+  // Column blocks outside: the stores then run along dst rows. Row blocks outside would
+  // write 16 dst rows one ldd apart per block, and with ldd a power of two (Bc = 512)
+  // those lines fall into a couple of L1 sets and evict each other: 2-4x slower.
+  for (index_t c0 = 0; c0 < cols; c0 += lanes) {
+    const index_t block_cols = cols - c0 < lanes ? cols - c0 : lanes;
+    for (index_t r0 = 0; r0 < rows; r0 += lanes) {
+      const index_t block_rows = rows - r0 < lanes ? rows - r0 : lanes;
+      const float* from = src + r0 * lds + c0;
+      float* to = dst + c0 * ldd + r0;
+      if (block_rows == lanes && block_cols == lanes)
+        detail::transpose_block<true>(lanes, lanes, from, lds, to, ldd);
+      else
+        detail::transpose_block<false>(block_rows, block_cols, from, lds, to, ldd);
+    }
   }
 }
 
