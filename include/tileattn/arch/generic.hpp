@@ -1,7 +1,7 @@
 // tileattn/arch/generic.hpp: portable scalar micro-kernels: the reference every SIMD arch
 // file must match, and the fallback for targets without one.
 //
-// Every arch namespace provides the same five functions with the same contracts, so
+// Every arch namespace provides the same six functions with the same contracts, so
 // ops/ can call `arch::native::` without knowing which one it got.
 #pragma once
 
@@ -55,5 +55,12 @@ inline void scale(float* x, index_t n, float factor) {
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0.
 inline float exp2(float x) { return std::exp2(x); }
+
+/// dst[c * ldd + r] = src[r * lds + c] for a rows x cols block (keys into K^T).
+inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst,
+                      index_t ldd) {
+  for (index_t c = 0; c < cols; ++c)
+    for (index_t r = 0; r < rows; ++r) dst[c * ldd + r] = src[r * lds + c];
+}
 
 }  // namespace tileattn::arch::generic

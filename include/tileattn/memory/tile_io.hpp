@@ -2,13 +2,15 @@
 //
 // load_rows / load_rows_transposed read a block of sequence rows of one (batch, head)
 // matrix into a tile; store_rows and store_vector write results back. Each reports the
-// bytes it moved to an IO policy (memory/io_counter.hpp). Element conversion happens here,
+// bytes it moved to an IO policy (memory/io_counter.hpp); prefetch_rows only hints. Element conversion happens here,
 // so tile math never sees the storage type.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "tileattn/arch/native.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/core/tile.hpp"
 
@@ -39,15 +41,27 @@ void load_rows_transposed(Tile<T>& dst, const MatrixView<const S>& src, index_t 
                           index_t rows, Io& io) {
   const index_t cols = src.cols;
   dst.set_extent(cols, rows);
-  constexpr index_t block = 16;  // transpose 16 keys at a time to keep both sides in cache lines
-  for (index_t r0 = 0; r0 < rows; r0 += block) {
-    const index_t r1 = std::min(rows, r0 + block);
-    for (index_t c = 0; c < cols; ++c) {
-      T* out = dst.row(c);
-      for (index_t r = r0; r < r1; ++r) out[r] = static_cast<T>(src(row0 + r, c));
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<S, float>) {
+    if (src.col_stride == 1) {  // register-blocked transpose of the arch in use
+      arch::native::transpose(rows, cols, src.row(row0), src.row_stride, dst.data(), dst.ld());
+      io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
+      return;
     }
   }
+  for (index_t c = 0; c < cols; ++c)
+    for (index_t r = 0; r < rows; ++r) dst(c, r) = static_cast<T>(src(row0 + r, c));
   io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
+}
+
+/// Asks the cache hierarchy for rows [row0, row0 + rows) of src ahead of their load (into
+/// L2: the CPU's stand-in for FlashAttention-3's asynchronous copy of the next K/V tile
+/// while the current one is computed). Moves no data through the IO counter.
+template <class S>
+void prefetch_rows(const MatrixView<const S>& src, index_t row0, index_t rows) {
+  constexpr index_t line = static_cast<index_t>(cache_line_bytes / sizeof(S));
+  const index_t span = (src.cols - 1) * src.col_stride + 1;
+  for (index_t r = row0; r < row0 + rows; ++r)
+    for (index_t c = 0; c < span; c += line) __builtin_prefetch(src.row(r) + c, 0, 2);
 }
 
 /// dst[row0 + r, :] = src[r, :] for r in [0, src.rows()).
