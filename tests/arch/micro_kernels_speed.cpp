@@ -159,6 +159,8 @@ int main(int argc, char** argv) {
     const char* what;
   };
   const Shape shapes[] = {
+      {512, 128, 128, false, "S = Q K^T, d = 128, Br 512 x Bc 128"},
+      {512, 128, 128, true, "O += P V, d = 128, Br 512 x Bc 128"},
       {128, 512, 128, false, "S = Q K^T, d = 128"}, {128, 128, 512, true, "O += P V, d = 128"},
       {128, 512, 64, false, "S = Q K^T, d = 64"},   {128, 64, 512, true, "O += P V, d = 64"},
       {128, 80, 512, true, "O += P V, d = 80"},     {64, 256, 256, true, "O += P V, d = 256"},
