@@ -16,9 +16,10 @@
 namespace tileattn::test {
 namespace {
 
-/// SRAM budgets: the detected L2 (one key tile up to ~1000 keys on a 1 MiB L2), one that
-/// gives tiles of about 16 x 32 (many tiles, so the online-softmax rescale runs), and one
-/// so small that the planner shrinks to odd tiles (a few rows and keys).
+/// SRAM budgets: the detected L2 (one query tile of up to ~1000 rows and key tiles of
+/// min(Br, d) on a 1 MiB L2), one that gives tiles of about 16-24 x 16-32 (many tiles, so
+/// the online-softmax rescale runs), and one so small that the planner shrinks to odd tiles
+/// (a few rows and keys).
 enum class Budget { l2, small, tiny };
 
 const char* to_string(Budget b) {
@@ -115,6 +116,9 @@ std::vector<ForwardCase> scale_cases() {
     for (float scale : {0.05f, 0.7f})
       for (bool causal : {false, true})
         out.push_back({d, 2, 2, 113, 203, Layout::bshd, causal, Backend::serial, 1, Budget::small, scale});
+  // Extremely peaked: scores spread over hundreds of log2 units, so 2^(s - max) underflows.
+  for (bool causal : {false, true})
+    out.push_back({64, 1, 2, 77, 150, Layout::bhsd, causal, Backend::serial, 1, Budget::small, 4.0f});
   return out;
 }
 
@@ -193,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, ForwardVsReference, ::testing::ValuesIn(backe
 
 // The budgets above really do tile: at 127 x 127 the small and tiny budgets give several
 // query and key tiles at every head_dim (so the online-softmax rescale and the partial last
-// tiles run), and the default budget covers 1000 keys with one key tile at d = 64.
+// tiles run).
 TEST(ForwardBudgets, SmallBudgetsGiveManyTiles) {
   for (index_t d : supported_head_dims)
     for (Budget b : {Budget::small, Budget::tiny}) {
@@ -204,6 +208,8 @@ TEST(ForwardBudgets, SmallBudgetsGiveManyTiles) {
       EXPECT_GE((127 + plan.key_tile_rows - 1) / plan.key_tile_rows, 4)
           << "d " << d << " budget " << to_string(b);
     }
+  // The long cases at the default budget stream 1000 keys in several key tiles (Bc <= d).
+  for (index_t d : {64, 128}) EXPECT_LE(plan_forward(d, 1000, 1000).key_tile_rows, d);
 }
 
 // FlashAttention's own rule, applied directly: kernel error <= 2e-5 + 2 x the error of naive
@@ -214,6 +220,11 @@ struct RuleCase {
   bool causal;
   float scale;
 };
+
+void PrintTo(const RuleCase& c, std::ostream* os) {
+  *os << "d" << c.head_dim << " " << c.seqlen_q << "x" << c.seqlen_k << (c.causal ? " causal" : "")
+      << " scale " << c.scale;
+}
 
 class NaiveFp32Rule : public ::testing::TestWithParam<RuleCase> {};
 

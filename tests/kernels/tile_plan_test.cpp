@@ -1,7 +1,7 @@
-// tests/kernels/tile_plan_test.cpp: the tile planner (kernels/tile_plan.hpp): FlashAttention-1's
-// rule at long sequences, plans that always fit the budget, one tile when a sequence fits,
-// budget_error below 1 x 1 tiles; and forward_working_set_bytes is exactly what
-// kernels::ForwardTiles<D>::carve takes from a scratch arena.
+// tests/kernels/tile_plan_test.cpp: the tile planner (kernels/tile_plan.hpp): FlashAttention's
+// rule (in FA2's loop order) at long sequences, plans that always fit the budget, one tile
+// when a sequence fits, budget_error below 1 x 1 tiles; and forward_working_set_bytes is
+// exactly what kernels::ForwardTiles<D>::carve takes from a scratch arena.
 #include <gtest/gtest.h>
 
 #include "support/test_support.hpp"
@@ -9,51 +9,55 @@
 namespace tileattn::test {
 namespace {
 
-constexpr index_t key_granule = 16;   // one AVX-512 vector of fp32 scores
-constexpr index_t query_granule = 8;  // rows of the micro-kernels' register block
+constexpr index_t key_granule = 16;       // one AVX-512 vector of fp32 scores
+constexpr index_t query_granule = 8;      // rows of the micro-kernels' register block
+constexpr index_t min_streamed_keys = 64;  // Bc shrinks first, but not below this
 
 index_t round_down(index_t v, index_t g) { return v >= g ? v / g * g : v; }
 index_t shrink(index_t v, index_t g) { return v > g ? round_down(v - 1, g) : v - 1; }
 
 /// The documented rule, written out independently for one query head per tile and sequences
-/// longer than every tile: Bc = ceil(M / 4d) rounded down to 16, Br = min(ceil(M / 4d), d)
-/// rounded down to 8 (M = the budget in floats), then, while the working set is over budget,
-/// shrink Bc by a granule while it is the larger, else Br.
-std::pair<index_t, index_t> fa1_rule(index_t d, std::size_t budget) {
+/// longer than every tile. FlashAttention-1 gives the SRAM-resident tile M / 4d rows and the
+/// streamed one min(that, d) (M = the budget in floats); in FlashAttention-2's loop order the
+/// query tile is the resident one, so Br = ceil(M / 4d) rounded down to 8 and
+/// Bc = min(ceil(M / 4d), d) rounded down to 16. While the working set is over budget:
+/// shrink Bc by a granule down to 64 keys, then Br, then Bc further.
+std::pair<index_t, index_t> fa_rule(index_t d, std::size_t budget) {
   const auto floats = static_cast<index_t>(budget / sizeof(float));
-  const index_t bc_rule = std::max<index_t>(1, (floats + 4 * d - 1) / (4 * d));
-  index_t br = round_down(std::min(bc_rule, d), query_granule);
-  index_t bc = round_down(bc_rule, key_granule);
+  const index_t br_rule = std::max<index_t>(1, (floats + 4 * d - 1) / (4 * d));
+  index_t br = round_down(br_rule, query_granule);
+  index_t bc = round_down(std::min(br_rule, d), key_granule);
   while (forward_working_set_bytes(br, bc, d) > budget) {
-    if (bc > 1 && bc >= br) bc = shrink(bc, key_granule);
-    else br = shrink(br, query_granule);
+    if (bc > min_streamed_keys) bc = shrink(bc, key_granule);
+    else if (br > 1) br = shrink(br, query_granule);
+    else bc = shrink(bc, key_granule);
   }
   return {br, bc};
 }
 
-TEST(TilePlan, FlashAttention1RuleAtLongSequences) {
+TEST(TilePlan, FlashAttentionRuleAtLongSequences) {
   constexpr index_t long_seq = 1 << 20;
   int unshrunk = 0;
   for (index_t d : supported_head_dims)
     for (std::size_t budget : {64u << 10, 192u << 10, 256u << 10, 512u << 10, 1u << 20, 2u << 20, 3u << 20}) {
       const TilePlan plan = plan_forward_tiles(d, long_seq, long_seq, budget);
-      const auto [br, bc] = fa1_rule(d, budget);
+      const auto [br, bc] = fa_rule(d, budget);
       EXPECT_EQ(plan.query_tile_rows, br) << "d " << d << ", budget " << budget;
       EXPECT_EQ(plan.key_tile_rows, bc) << "d " << d << ", budget " << budget;
       EXPECT_EQ(plan.heads_per_tile, 1);
-      // Where the rule fits without shrinking, that is literally FA1's choice.
+      // Where the rule fits without shrinking, that is literally the rule's choice.
       const auto floats = static_cast<index_t>(budget / sizeof(float));
-      const index_t bc_rule = (floats + 4 * d - 1) / (4 * d);
-      if (br == round_down(std::min(bc_rule, d), query_granule) && bc == round_down(bc_rule, key_granule))
+      const index_t br_rule = (floats + 4 * d - 1) / (4 * d);
+      if (br == round_down(br_rule, query_granule) && bc == round_down(std::min(br_rule, d), key_granule))
         ++unshrunk;
     }
   EXPECT_GT(unshrunk, 10) << "the budgets above should mostly not need shrinking";
-  // Two values spelled out: a 1 MiB L2 (262144 floats) at d = 64 gives Bc = 1024, Br = 64;
-  // at d = 128, Bc = 512, Br = 128.
-  EXPECT_EQ(plan_forward_tiles(64, long_seq, long_seq, 1u << 20).key_tile_rows, 1024);
-  EXPECT_EQ(plan_forward_tiles(64, long_seq, long_seq, 1u << 20).query_tile_rows, 64);
-  EXPECT_EQ(plan_forward_tiles(128, long_seq, long_seq, 1u << 20).key_tile_rows, 512);
-  EXPECT_EQ(plan_forward_tiles(128, long_seq, long_seq, 1u << 20).query_tile_rows, 128);
+  // Two values spelled out: a 1 MiB L2 (262144 floats) at d = 64 gives Br = 1024, Bc = 64
+  // (working set 812 KiB); at d = 128, Br = 512, Bc = 128 (902 KiB).
+  EXPECT_EQ(plan_forward_tiles(64, long_seq, long_seq, 1u << 20).query_tile_rows, 1024);
+  EXPECT_EQ(plan_forward_tiles(64, long_seq, long_seq, 1u << 20).key_tile_rows, 64);
+  EXPECT_EQ(plan_forward_tiles(128, long_seq, long_seq, 1u << 20).query_tile_rows, 512);
+  EXPECT_EQ(plan_forward_tiles(128, long_seq, long_seq, 1u << 20).key_tile_rows, 128);
 }
 
 // Many budgets, head dims, sequence lengths and GQA group sizes: the plan always fits, its
@@ -74,7 +78,10 @@ TEST(TilePlan, AlwaysFitsTheBudget) {
           EXPECT_LE(plan.query_tile_rows, nq);
           EXPECT_LE(plan.key_tile_rows, nk);
           EXPECT_LE(plan.heads_per_tile, group);
-          EXPECT_LE(plan.packed_rows(), d) << "packed rows above FA1's cap Br <= d";
+          const auto floats = static_cast<index_t>(budget / sizeof(float));
+          const index_t br_rule = std::max<index_t>(1, (floats + 4 * d - 1) / (4 * d));
+          EXPECT_LE(plan.packed_rows(), std::max(br_rule, group)) << "packed rows above the rule";
+          EXPECT_LE(plan.key_tile_rows, d) << "Bc above its cap min(Br, d)";
           EXPECT_EQ(plan.packed_rows(), plan.query_tile_rows * plan.heads_per_tile);
           EXPECT_EQ(plan.working_set_bytes, forward_working_set_bytes(plan.packed_rows(), plan.key_tile_rows, d));
           EXPECT_LE(plan.working_set_bytes, budget);
@@ -87,14 +94,14 @@ TEST(TilePlan, AlwaysFitsTheBudget) {
 
 TEST(TilePlan, OneTileWhenTheSequenceFits) {
   for (index_t d : supported_head_dims)
-    for (auto [nq, nk] : {std::pair<index_t, index_t>{1, 1}, {5, 3}, {8, 40}, {17, 41}}) {
+    for (auto [nq, nk] : {std::pair<index_t, index_t>{1, 1}, {5, 3}, {8, 30}, {17, 31}, {250, 19}}) {
       const TilePlan plan = plan_forward_tiles(d, nq, nk, 1u << 20);
       EXPECT_EQ(plan.query_tile_rows, nq) << "d " << d;  // not rounded to a granule
       EXPECT_EQ(plan.key_tile_rows, nk) << "d " << d;
       EXPECT_EQ(plan.query_tiles(nq), 1);
     }
-  // 1000 keys fit one key tile of a 1 MiB budget at d = 64 (the rule allows 1024).
-  EXPECT_EQ(plan_forward_tiles(64, 1000, 1000, 1u << 20).key_tile_rows, 1000);
+  // 1000 queries fit one query tile of a 1 MiB budget at d = 64 (the rule allows 1024).
+  EXPECT_EQ(plan_forward_tiles(64, 1000, 1000, 1u << 20).query_tile_rows, 1000);
 }
 
 TEST(TilePlan, BudgetErrorWhenNotEvenOneByOneFits) {
