@@ -62,6 +62,21 @@ MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_
   return m;
 }
 
+/// One key tile's work for the packed rows `rows`, which start at row first_row of the tiles.
+template <index_t D>
+void attend_key_tile(ForwardTiles<D>& t, const ops::ScoreModifiers& mods,
+                     const ops::PackedRows& rows, index_t first_row, index_t col0) {
+  if (rows.count() == 0) return;
+  const Tile<float, D> q = t.q.slice_rows(first_row, rows.count());
+  Tile<float, D> o = t.o.slice_rows(first_row, rows.count());
+  Tile<float> s = t.s.slice_rows(first_row, rows.count());
+  ops::RowStats stats = t.stats.slice(first_row, rows.count());
+  ops::matmul(s, q, t.k_t);                                        // (rows, Bc)
+  mods.apply(s, rows, col0);                                       // softcap, masks, biases
+  ops::online_softmax_step(s, stats, o);                           // s := P (rows, Bc)
+  ops::matmul_accumulate(o, s, t.v);                               // (rows, D)
+}
+
 template <index_t D, class Io>
 void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
                          const QueryBlock& blk, ForwardTiles<D>& t, Io& io) {
@@ -95,10 +110,14 @@ void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
       prefetch_rows(k, next, std::min(plan.key_tile_rows, key_end - next));
       prefetch_rows(v, next, std::min(plan.key_tile_rows, key_end - next));
     }
-    ops::matmul(t.s, t.q, t.k_t);                                  // (Br, Bc)
-    mods.apply(t.s, rows, col0);                                   // softcap, masks, biases
-    ops::online_softmax_step(t.s, t.stats, t.o);                   // s := P (Br, Bc)
-    ops::matmul_accumulate(t.o, t.s, t.v);                         // (Br, D)
+    const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
+    if (hi - lo == rows.positions) {
+      attend_key_tile(t, mods, rows, 0, col0);                     // every packed row
+    } else {                                                       // rows masked off are not computed
+      for (index_t g = 0; g < rows.heads; ++g)
+        attend_key_tile(t, mods, {rows.head0 + g, 1, lo, hi - lo},
+                        g * rows.positions + lo - rows.position0, col0);
+    }
   }
 
   for (index_t g = 0; g < rows.heads; ++g) {                       // o /= l, lse; store

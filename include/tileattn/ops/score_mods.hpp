@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
@@ -29,6 +30,23 @@ struct KeyWindow {
   }
   index_t end(index_t i) const {
     return right < 0 ? k_len : std::clamp<index_t>(i + offset + right + 1, 0, k_len);
+  }
+  /// The positions of [p0, p0 + n) that see some key of [col0, col0 + cols), as [begin, end):
+  /// contiguous, because first() and end() never decrease with the position.
+  std::pair<index_t, index_t> positions_seeing(index_t p0, index_t n, index_t col0,
+                                               index_t cols) const {
+    const auto first_true = [&](auto&& pred) {  // pred is false, then true, over [p0, p0 + n)
+      index_t lo = p0, hi = p0 + n;
+      while (lo < hi) {
+        const index_t mid = lo + (hi - lo) / 2;
+        if (pred(mid)) hi = mid;
+        else lo = mid + 1;
+      }
+      return lo;
+    };
+    const index_t begin = first_true([&](index_t p) { return end(p) > col0; });
+    const index_t stop = first_true([&](index_t p) { return first(p) >= col0 + cols; });
+    return {begin, std::max(begin, stop)};
   }
   /// True when every position in [p0, p0 + n) sees every key in [col0, col0 + cols).
   bool covers(index_t p0, index_t n, index_t col0, index_t cols) const {
