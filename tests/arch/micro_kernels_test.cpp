@@ -1,6 +1,6 @@
 // tests/arch/micro_kernels_test.cpp: every arch compiled into this TU (generic, AVX2,
 // AVX-512) against double-precision references and against generic: gemm over awkward
-// shapes, 2^x over [-150, 0] and -inf, row max with -inf, exp2_shift_sum, scale.
+// shapes, 2^x over [-150, 0] and -inf, row max with -inf, exp2_shift_sum, scale, transpose.
 //
 // The same source is built several times with different target flags (tests/arch/
 // CMakeLists.txt), so AVX2 runs even on an AVX-512 machine.
@@ -42,6 +42,10 @@ namespace {
     }                                                                                          \
     static void scale(float* x, index_t n, float factor) { ns::scale(x, n, factor); }          \
     static float exp2(float x) { return ns::exp2(x); }                                        \
+    static void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst, \
+                          index_t ldd) {                                                       \
+      ns::transpose(rows, cols, src, lds, dst, ldd);                                           \
+    }                                                                                          \
   };
 
 TILEATTN_ARCH_UNDER_TEST(Generic, generic)
@@ -354,12 +358,11 @@ TYPED_TEST(MicroKernels, ScaleIsOneRoundedMultiply) {
   }
 }
 
-// ---- transpose (SIMD arches only; the loaders' fast path for K^T) -----------------------
+// ---- transpose (the loaders' path for K^T) ---------------------------------------------
 
-/// Checks dst = src^T for awkward blocks, with src rows far apart (as in a BSHD tensor) and
-/// dst rows padded, and that dst's padding is never written.
-template <class Transpose>
-void check_transpose(Transpose transpose, const char* arch) {
+/// dst = src^T for awkward blocks, with src rows far apart (as in a BSHD tensor) and dst
+/// rows padded; dst's padding is never written.
+TYPED_TEST(MicroKernels, TransposeMatchesTheDefinition) {
   std::mt19937 rng(17);
   for (index_t rows : {0, 1, 7, 8, 9, 15, 16, 17, 33, 128, 130})
     for (index_t cols : {1, 7, 8, 9, 16, 17, 32, 80, 128}) {
@@ -367,24 +370,17 @@ void check_transpose(Transpose transpose, const char* arch) {
       Buffer src(static_cast<std::size_t>(rows * lds)), dst(static_cast<std::size_t>(cols * ldd));
       for (index_t r = 0; r < rows; ++r)
         for (index_t c = 0; c < cols; ++c) src.data[r * lds + c] = nonzero_uniform(rng);
-      transpose(rows, cols, src.data, lds, dst.data, ldd);
+      TypeParam::transpose(rows, cols, src.data, lds, dst.data, ldd);
       for (index_t c = 0; c < cols; ++c) {
         for (index_t r = 0; r < rows; ++r)
           ASSERT_EQ(dst.data[c * ldd + r], src.data[r * lds + c])
-              << arch << " rows=" << rows << " cols=" << cols << " at (" << c << ", " << r << ")";
+              << "rows=" << rows << " cols=" << cols << " at (" << c << ", " << r << ")";
         for (index_t r = rows; r < ldd; ++r)
-          ASSERT_EQ(dst.data[c * ldd + r], guard) << arch << " wrote padding, rows=" << rows;
+          ASSERT_EQ(dst.data[c * ldd + r], guard) << "wrote padding, rows=" << rows;
       }
-      ASSERT_EQ(dst.data[cols * ldd], guard) << arch << " wrote past the end";
+      ASSERT_EQ(dst.data[cols * ldd], guard) << "wrote past the end";
     }
 }
-
-#if defined(__AVX2__) && defined(__FMA__)
-TEST(Transpose, Avx2MatchesTheDefinition) { check_transpose(avx2::transpose, "avx2"); }
-#endif
-#if defined(__AVX512F__)
-TEST(Transpose, Avx512MatchesTheDefinition) { check_transpose(avx512::transpose, "avx512"); }
-#endif
 
 // ---- The compile-time choice ---------------------------------------------------------
 
