@@ -7,9 +7,9 @@
 // one (Zen 4) or two (Zen 5, Intel) zmm FMAs per cycle at 4 cycles of latency, so up to 8
 // FMAs must be in flight: 24 independent accumulators cover that with room, and 11 loads
 // per 24 FMAs stay under two load ports. C is swept in column panels of 3 vectors (2 + 2
-// for the last 4, so no panel is left with a lone vector), the last vector masked when N
-// is not a multiple of 16; each panel in blocks of 8 rows, then one block of the 1-7
-// rows left. When M is large enough to reuse it, each panel of B is first copied, 128
+// for the last 4, so no panel is left with a lone vector), the last vector of a panel
+// through a mask (partial when N is not a multiple of 16); each panel in blocks of 8
+// rows, then one block of the 1-7 rows left. When M is large enough to reuse it, each panel of B is first copied, 128
 // rows of K at a time, into a contiguous 24 KiB buffer that stays in L1: B tiles have
 // power-of-two leading dimensions (Bc = 512, d = 128), whose rows otherwise fall into a
 // few L1 sets and evict each other.
