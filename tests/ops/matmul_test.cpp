@@ -16,7 +16,8 @@ using Extents = std::tuple<index_t, index_t, index_t>;  // m, n, k
 class TileMatmul : public ::testing::TestWithParam<Extents> {};
 
 TEST_P(TileMatmul, MatchesDoubleAndStaysInsideTheExtent) {
-  const auto [m, n, k] = GetParam();
+  // (std::get, not a structured binding: clang 14 cannot capture bindings in lambdas)
+  const index_t m = std::get<0>(GetParam()), n = std::get<1>(GetParam()), k = std::get<2>(GetParam());
   ScratchArena arena(4 << 20);
   // Carve with spare capacity so the padding and extra rows/columns can be checked.
   auto a = Tile<float>::carve(arena, m + 3, k + 5);
