@@ -271,7 +271,7 @@ TEST(ForwardAccepts, GroupedQueryHeadsAndDefaultExecution) {
   EXPECT_GT(c.counts.bytes_read, 0u);
 }
 
-TEST(Errors, BudgetErrorIsAnInvalidArgument) {
+TEST(ForwardErrors, BudgetErrorIsAnInvalidArgument) {
   Call c;
   c.opts.sram_budget_bytes = 1;
   EXPECT_THROW(c.run(), invalid_argument);
