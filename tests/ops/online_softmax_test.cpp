@@ -1,5 +1,5 @@
 // tests/ops/online_softmax_test.cpp: the online softmax on score tiles (ops/online_softmax.hpp):
-// mask_causal, online_softmax_step over several key tiles + finalize_rows against a direct
+// mask_outside_window (the causal mask), online_softmax_step over several key tiles + finalize_rows against a direct
 // softmax in double (fully masked rows, rows masked only in early tiles, sinks), and a
 // demonstration that the forward error bound catches a missing rescale.
 #include <gtest/gtest.h>
@@ -12,13 +12,21 @@
 #include "support/test_support.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
+#include "tileattn/ops/score_mods.hpp"
 
 namespace tileattn::test {
 namespace {
 
 constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 
-// ---- mask_causal ------------------------------------------------------------------------------
+// ---- the causal mask: mask_outside_window with right edge 0 ---------------------------------
+
+/// The causal mask as the kernel applies it: a window with no left edge and right edge 0.
+template <class ScoreTile>
+void mask_causal(ScoreTile& s, index_t row0, index_t col0, index_t offset) {
+  const ops::KeyWindow causal{offset, -1, 0, 1 << 20};
+  ops::mask_outside_window(s, ops::PackedRows{0, 1, row0, s.rows()}, col0, causal);
+}
 
 TEST(MaskCausal, MasksExactlyTheKeysAfterTheDiagonal) {
   ScratchArena arena(1 << 16);
@@ -27,7 +35,7 @@ TEST(MaskCausal, MasksExactlyTheKeysAfterTheDiagonal) {
     for (index_t col0 : {0, 3, 12, 48})
       for (index_t offset : {-50, -8, -1, 0, 2, 20}) {
         ops::fill(s, 1.0f);
-        ops::mask_causal(s, row0, col0, offset);
+        mask_causal(s, row0, col0, offset);
         for (index_t i = 0; i < 6; ++i)
           for (index_t j = 0; j < 10; ++j) {
             const bool masked = col0 + j > row0 + i + offset;  // key after query's diagonal
@@ -42,7 +50,7 @@ TEST(MaskCausal, RespectsTheExtent) {
   auto s = Tile<float>::carve(arena, 4, 32);
   ops::fill(s, 2.0f);
   s.set_extent(4, 5);
-  ops::mask_causal(s, 0, 0, 0);
+  mask_causal(s, 0, 0, 0);
   s.set_extent(4, 32);
   for (index_t i = 0; i < 4; ++i)
     for (index_t j = 5; j < 32; ++j) ASSERT_EQ(s(i, j), 2.0f) << "wrote outside the extent";

@@ -63,16 +63,16 @@ MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_
 }
 
 /// One key tile's work for the packed rows `rows`, which start at row first_row of the tiles.
-template <index_t D>
+template <index_t D, class Io>
 void attend_key_tile(ForwardTiles<D>& t, const ops::ScoreModifiers& mods,
-                     const ops::PackedRows& rows, index_t first_row, index_t col0) {
+                     const ops::PackedRows& rows, index_t first_row, index_t col0, Io& io) {
   if (rows.count() == 0) return;
   const Tile<float, D> q = t.q.slice_rows(first_row, rows.count());
   Tile<float, D> o = t.o.slice_rows(first_row, rows.count());
   Tile<float> s = t.s.slice_rows(first_row, rows.count());
   ops::RowStats stats = t.stats.slice(first_row, rows.count());
   ops::matmul(s, q, t.k_t);                                        // (rows, Bc)
-  mods.apply(s, rows, col0);                                       // softcap, masks, biases
+  mods.apply(s, rows, col0, io);                                   // softcap, masks, biases
   ops::online_softmax_step(s, stats, o);                           // s := P (rows, Bc)
   ops::matmul_accumulate(o, s, t.v);                               // (rows, D)
 }
@@ -112,11 +112,11 @@ void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
     }
     const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
     if (hi - lo == rows.positions) {
-      attend_key_tile(t, mods, rows, 0, col0);                     // every packed row
+      attend_key_tile(t, mods, rows, 0, col0, io);                 // every packed row
     } else {                                                       // rows masked off are not computed
       for (index_t g = 0; g < rows.heads; ++g)
         attend_key_tile(t, mods, {rows.head0 + g, 1, lo, hi - lo},
-                        g * rows.positions + lo - rows.position0, col0);
+                        g * rows.positions + lo - rows.position0, col0, io);
     }
   }
 

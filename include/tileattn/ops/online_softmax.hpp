@@ -1,6 +1,6 @@
 // tileattn/ops/online_softmax.hpp: the online softmax of FlashAttention on score tiles:
 // running row max and sum, rescaling of the output accumulator, the final normalization
-// and log-sum-exp, and the causal mask.
+// and log-sum-exp.
 //
 // Scores arrive in log2 units (the kernel folds softmax_scale * log2(e) into Q once per
 // tile), so every exponential is a cheap 2^x.
@@ -47,16 +47,6 @@ void fill(AnyTile& t, typename AnyTile::element_type value) {
 template <class AnyTile>
 void scale(AnyTile& t, float factor) {
   for (index_t r = 0; r < t.rows(); ++r) arch::native::scale(t.row(r), t.cols(), factor);
-}
-
-/// Scores of query row0 + i and key col0 + j are masked (-inf) when key > query + offset,
-/// offset = seqlen_k - seqlen_q for FlashAttention's bottom-right alignment.
-template <class ScoreTile>
-void mask_causal(ScoreTile& s, index_t row0, index_t col0, index_t offset) {
-  for (index_t i = 0; i < s.rows(); ++i) {
-    const index_t first_masked = std::clamp<index_t>(row0 + i + offset + 1 - col0, 0, s.cols());
-    std::fill(s.row(i) + first_masked, s.row(i) + s.cols(), negative_infinity);
-  }
 }
 
 /// One key tile's step: s becomes P = 2^(s - new max); stats and the output accumulator o

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 #include <utility>
 
@@ -64,6 +65,19 @@ struct PackedRows {
   index_t position(index_t r) const { return position0 + r % positions; }
 };
 
+/// Sets to -inf the scores of s (keys [col0, col0 + s.cols())) that a row's query position
+/// does not see through `window`: the causal mask is the window with right = 0.
+template <class ScoreTile>
+void mask_outside_window(ScoreTile& s, const PackedRows& rows, index_t col0, const KeyWindow& window) {
+  for (index_t r = 0; r < rows.count(); ++r) {
+    const index_t i = rows.position(r), n = s.cols();
+    const index_t lo = std::clamp<index_t>(window.first(i) - col0, 0, n);
+    const index_t hi = std::clamp<index_t>(window.end(i) - col0, lo, n);
+    std::fill(s.row(r), s.row(r) + lo, negative_infinity);
+    std::fill(s.row(r) + hi, s.row(r) + n, negative_infinity);
+  }
+}
+
 /// The score modifiers of one sequence, resolved from the params once per work item.
 class ScoreModifiers {
  public:
@@ -81,14 +95,22 @@ class ScoreModifiers {
 
   const KeyWindow& window() const { return window_; }
 
-  /// Applies every modifier to s, whose columns are keys [col0, col0 + s.cols()).
-  template <class ScoreTile>
-  void apply(ScoreTile& s, const PackedRows& rows, index_t col0) const {
+  /// Applies every modifier to s, whose columns are keys [col0, col0 + s.cols()). The bias
+  /// and mask elements read from main memory are reported to the IO policy.
+  template <class ScoreTile, class Io>
+  void apply(ScoreTile& s, const PackedRows& rows, index_t col0, Io& io) const {
+    const auto elements = static_cast<std::uint64_t>(rows.count() * s.cols());
     if (softcap_ > 0.0f) apply_softcap(s);
     if (!window_.covers(rows.position0, rows.positions, col0, s.cols()))
-      apply_window(s, rows, col0);
-    if (mask_.data) apply_mask(s, rows, col0);
-    if (bias_.data) apply_bias(s, rows, col0);
+      mask_outside_window(s, rows, col0, window_);
+    if (mask_.data) {
+      apply_mask(s, rows, col0);
+      io.read(elements * sizeof(bool));
+    }
+    if (bias_.data) {
+      apply_bias(s, rows, col0);
+      io.read(elements * sizeof(float));
+    }
     if (alibi_) apply_alibi(s, rows, col0);
   }
 
@@ -114,16 +136,6 @@ class ScoreModifiers {
     for (index_t r = 0; r < s.rows(); ++r) {
       float* row = s.row(r);
       for (index_t j = 0; j < s.cols(); ++j) row[j] = softcap_ * std::tanh(row[j] * inv);
-    }
-  }
-  template <class ScoreTile>
-  void apply_window(ScoreTile& s, const PackedRows& rows, index_t col0) const {
-    for (index_t r = 0; r < rows.count(); ++r) {
-      const index_t i = rows.position(r), n = s.cols();
-      const index_t lo = std::clamp<index_t>(window_.first(i) - col0, 0, n);
-      const index_t hi = std::clamp<index_t>(window_.end(i) - col0, lo, n);
-      std::fill(s.row(r), s.row(r) + lo, negative_infinity);
-      std::fill(s.row(r) + hi, s.row(r) + n, negative_infinity);
     }
   }
   template <class ScoreTile>
