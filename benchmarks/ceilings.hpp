@@ -1,0 +1,92 @@
+// benchmarks/ceilings.hpp: the machine's own ceilings, measured in the benchmark's process so
+// every kernel figure can be read as a fraction of them: a register-resident FMA loop (fp32
+// peak) and a streaming read (memory bandwidth). Needs nothing but the standard library
+// (sgemm_ceiling.hpp adds OpenBLAS's large-GEMM rate). Each is measured once per thread
+// count and cached.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <thread>
+#include <vector>
+
+namespace tileattn::bench {
+
+using Clock = std::chrono::steady_clock;
+
+/// Runs body(t) on `threads` threads at once; returns the wall time in seconds.
+template <class Body>
+double run_on_threads(int threads, Body body) {
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body, t);
+  body(0);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+namespace detail {
+using vec16 = float __attribute__((vector_size(64)));
+
+/// 2 FMA pipes x 4-cycle latency need >= 8 independent chains; 16 leaves slack for
+/// narrower (AVX2) targets where the compiler splits each into two.
+inline float fma_chains(long iterations) {
+  constexpr int chains = 16;
+  vec16 acc[chains];
+  for (int c = 0; c < chains; ++c) acc[c] = vec16{} + static_cast<float>(c) * 1e-3f;
+  const vec16 a = vec16{} + 0.999999f, b = vec16{} + 1e-7f;
+  for (long i = 0; i < iterations; ++i)
+    for (int c = 0; c < chains; ++c) acc[c] = acc[c] * a + b;
+  vec16 sum{};
+  for (int c = 0; c < chains; ++c) sum += acc[c];
+  float s = 0;
+  for (int l = 0; l < 16; ++l) s += sum[l];
+  return s;
+}
+
+template <class Measure>
+double best_of(int repeats, Measure measure) {
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) best = std::max(best, measure());
+  return best;
+}
+}  // namespace detail
+
+/// fp32 GFLOP/s of a register-resident FMA loop on `threads` threads (best of 3).
+inline double fma_peak_gflops(int threads) {
+  static std::map<int, double> cache;
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  constexpr long iterations = 20'000'000;
+  volatile float sink = 0;
+  const double gflops = detail::best_of(3, [&] {
+    const double seconds = run_on_threads(threads, [&](int) { sink = detail::fma_chains(iterations); });
+    return 2.0 * 16 * 16 * iterations * threads / seconds * 1e-9;
+  });
+  return cache[threads] = gflops;
+}
+
+/// GB/s of a streaming read of 1 GiB split over `threads` threads (best of 3).
+inline double stream_read_gbps(int threads) {
+  static std::map<int, double> cache;
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  const std::size_t floats = (std::size_t{1} << 30) / sizeof(float);
+  std::vector<float> data(floats, 1.0f);
+  std::vector<float> partial(static_cast<std::size_t>(threads));
+  const double gbps = detail::best_of(3, [&] {
+    const double seconds = run_on_threads(threads, [&](int t) {
+      const std::size_t begin = floats * t / threads, end = floats * (t + 1) / threads;
+      detail::vec16 acc{};
+      const auto* v = reinterpret_cast<const detail::vec16*>(data.data());
+      for (std::size_t i = begin / 16; i < end / 16; ++i) acc += v[i];
+      float s = 0;
+      for (int l = 0; l < 16; ++l) s += acc[l];
+      partial[static_cast<std::size_t>(t)] = s;
+    });
+    return static_cast<double>(floats * sizeof(float)) / seconds * 1e-9;
+  });
+  return cache[threads] = gbps;
+}
+
+}  // namespace tileattn::bench
