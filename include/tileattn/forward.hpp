@@ -62,15 +62,14 @@ inline float default_scale(const ForwardOptions& options, index_t head_dim) {
 inline ForwardParams<float> make_params(TensorView<const float> q, TensorView<const float> k,
                                         TensorView<const float> v, TensorView<float> o,
                                         LseView lse, const ForwardOptions& opt) {
-  ForwardParams<float> p{q, k, v, o, lse, default_scale(opt, q.shape[dim::head_dim]), opt.causal};
-  p.alignment = opt.alignment;
-  p.window_left = opt.window_left;
-  p.window_right = opt.window_right;
-  p.softcap = opt.softcap;
-  p.alibi_slopes = opt.alibi_slopes;
-  p.sinks = opt.sinks;
-  p.bias = opt.bias;
-  p.mask = opt.mask;
+  ForwardParams<float> p;
+  static_cast<ScoreOptions&>(p) = opt;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = o;
+  p.lse = lse;
+  p.softmax_scale = default_scale(opt, q.shape[dim::head_dim]);
   return p;
 }
 

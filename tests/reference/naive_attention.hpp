@@ -32,30 +32,14 @@ struct AttentionResult {
 
 /// The options of ForwardOptions that change the math (softmax_scale unset: 1/sqrt(d)).
 /// Per-batch bias, mask and ALiBi slopes are indexed with `batch_index` for batch b = 0.
-struct Options {
+struct Options : ScoreOptions {
   std::optional<double> softmax_scale;
-  bool causal = false;
-  MaskAlignment alignment = MaskAlignment::bottom_right;
-  index_t window_left = -1, window_right = -1;
-  double softcap = 0.0;
-  std::span<const float> alibi_slopes{};
-  std::span<const float> sinks{};
-  ScoreBiasView bias{};
-  ScoreMaskView mask{};
   index_t batch_index = -1;  // >= 0: the views hold one sequence, this one of a larger batch
 
   static Options from(const ForwardOptions& f) {
     Options o;
+    static_cast<ScoreOptions&>(o) = f;
     if (f.softmax_scale) o.softmax_scale = *f.softmax_scale;
-    o.causal = f.causal;
-    o.alignment = f.alignment;
-    o.window_left = f.window_left;
-    o.window_right = f.window_right;
-    o.softcap = f.softcap;
-    o.alibi_slopes = f.alibi_slopes;
-    o.sinks = f.sinks;
-    o.bias = f.bias;
-    o.mask = f.mask;
     return o;
   }
 };

@@ -27,9 +27,9 @@ enum class MaskAlignment { bottom_right, top_left };
 using ScoreBiasView = StridedView<const float, 4>;
 using ScoreMaskView = StridedView<const bool, 4>;  // true: the query attends to the key
 
-struct ForwardOptions {
-  /// Multiplies Q K^T before the softmax; unset means 1 / sqrt(head_dim).
-  std::optional<float> softmax_scale;
+/// The options that change the math: masks and score modifiers. ForwardOptions (what users
+/// set), ForwardParams (what kernels read) and the test reference all hold exactly these.
+struct ScoreOptions {
   /// Causal mask: query i sees key j iff j <= i + offset, offset = seqlen_k - seqlen_q
   /// (bottom_right, the default) or 0 (top_left). Same as window_right = 0.
   bool causal = false;
@@ -49,6 +49,11 @@ struct ForwardOptions {
   /// Optional additive bias (added after masking) and boolean mask; data == nullptr: none.
   ScoreBiasView bias{};
   ScoreMaskView mask{};
+};
+
+struct ForwardOptions : ScoreOptions {
+  /// Multiplies Q K^T before the softmax; unset means 1 / sqrt(head_dim).
+  std::optional<float> softmax_scale;
   /// Backend and thread count.
   Execution execution{};
   /// Each worker's SRAM budget in bytes; 0 means the detected per-core L2 cache.
@@ -75,21 +80,13 @@ struct SequenceRange {
 };
 
 template <class T>
-struct ForwardParams {
+struct ForwardParams : ScoreOptions {
   TensorView<const T> q;  // [batch, seqlen_q, heads_q, head_dim]
   TensorView<const T> k;  // [batch, seqlen_k, heads_kv, head_dim]
   TensorView<const T> v;  // [batch, seqlen_k, heads_kv, head_dim]
   TensorView<T> o;        // [batch, seqlen_q, heads_q, head_dim]
   LseView lse;            // [batch, heads_q, seqlen_q]; data == nullptr: not written
   float softmax_scale = 1.0f;
-  bool causal = false;
-  MaskAlignment alignment = MaskAlignment::bottom_right;
-  index_t window_left = -1, window_right = -1;
-  float softcap = 0.0f;
-  std::span<const float> alibi_slopes{};
-  std::span<const float> sinks{};
-  ScoreBiasView bias{};
-  ScoreMaskView mask{};
   const std::int32_t* cu_seqlens_q = nullptr;  // varlen when set (batch of the views is 1)
   const std::int32_t* cu_seqlens_k = nullptr;
   index_t num_sequences = 0;                   // varlen: batch
