@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "tileattn/arch/blocked_transpose.hpp"
 #include "tileattn/arch/exp2.hpp"
 #include "tileattn/core/types.hpp"
 
@@ -331,22 +332,10 @@ inline void scale(float* x, index_t n, float factor) {
 /// blocks through registers; the partial blocks at the edges are masked.
 inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst,
                       index_t ldd) {
-  using detail::lanes;
-  // Column blocks outside: the stores then run along dst rows. Row blocks outside would
-  // write 16 dst rows one ldd apart per block, and with ldd a power of two (Bc = 512)
-  // those lines fall into a couple of L1 sets and evict each other: 2-4x slower.
-  for (index_t c0 = 0; c0 < cols; c0 += lanes) {
-    const index_t block_cols = cols - c0 < lanes ? cols - c0 : lanes;
-    for (index_t r0 = 0; r0 < rows; r0 += lanes) {
-      const index_t block_rows = rows - r0 < lanes ? rows - r0 : lanes;
-      const float* from = src + r0 * lds + c0;
-      float* to = dst + c0 * ldd + r0;
-      if (block_rows == lanes && block_cols == lanes)
-        detail::transpose_block<true>(lanes, lanes, from, lds, to, ldd);
-      else
-        detail::transpose_block<false>(block_rows, block_cols, from, lds, to, ldd);
-    }
-  }
+  tileattn::arch::detail::transpose_in_blocks<detail::lanes>(
+      rows, cols, src, lds, dst, ldd, [](auto full, auto... block) {
+        detail::transpose_block<decltype(full)::value>(block...);
+      });
 }
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0. Same polynomial as the rows.
