@@ -34,8 +34,7 @@ class ForwardWorkList {
         chunks_((group_ + heads_per_tile_ - 1) / heads_per_tile_) {
     for (index_t b = 0; b < p.batch(); ++b) {
       const SequenceRange seq = p.sequence(b);
-      const ops::KeyWindow window{p.mask_offset(seq), p.window_left, p.effective_window_right(),
-                                  seq.k_len};
+      const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
       for (index_t row0 = 0; row0 < seq.q_len; row0 += plan.query_tile_rows) {
         const index_t rows = std::min(plan.query_tile_rows, seq.q_len - row0);
         const index_t keys = std::max<index_t>(0, window.end(row0 + rows - 1) - window.first(row0));

@@ -26,6 +26,12 @@ struct KeyWindow {
   index_t right = -1;  // -1: unbounded
   index_t k_len = 0;
 
+  /// The window of sequence `seq` under params p (alignment, window, causal).
+  template <class T>
+  static KeyWindow of(const ForwardParams<T>& p, const SequenceRange& seq) {
+    return {p.mask_offset(seq), p.window_left, p.effective_window_right(), seq.k_len};
+  }
+
   index_t first(index_t i) const {
     return left < 0 ? 0 : std::clamp<index_t>(i + offset - left, 0, k_len);
   }
@@ -83,7 +89,7 @@ class ScoreModifiers {
  public:
   template <class T>
   ScoreModifiers(const ForwardParams<T>& p, index_t sequence, const SequenceRange& seq)
-      : window_{p.mask_offset(seq), p.window_left, p.effective_window_right(), seq.k_len},
+      : window_(KeyWindow::of(p, seq)),
         softcap_(p.softcap * log2e),
         bias_(slice_batch(p.bias, sequence)),
         mask_(slice_batch(p.mask, sequence)) {
