@@ -111,6 +111,17 @@ std::vector<bool> covered_mask(const StridedView<T, R>& v, const T* buffer_begin
   return covered;
 }
 
+/// Elements of `buffer` outside `view` that no longer hold `value` (bitwise).
+template <int R>
+std::size_t changed_outside(const StridedView<float, R>& view, const std::vector<float>& buffer,
+                            float value) {
+  const auto covered = covered_mask(view, buffer.data(), buffer.size());
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < buffer.size(); ++i)
+    if (!covered[i] && std::memcmp(&buffer[i], &value, sizeof(float)) != 0) ++changed;
+  return changed;
+}
+
 /// An owning buffer and a [batch, seqlen, heads, head_dim] view of it in some layout.
 /// Move-only: the view points into the buffer, which a move keeps in place.
 class HostTensor {
@@ -142,11 +153,7 @@ class HostTensor {
 
   /// Buffer elements outside the view that no longer hold `value`.
   std::size_t changed_outside_view(float value) const {
-    const auto covered = covered_mask(view_, buffer_.data(), buffer_.size());
-    std::size_t changed = 0;
-    for (std::size_t i = 0; i < buffer_.size(); ++i)
-      if (!covered[i] && std::memcmp(&buffer_[i], &value, sizeof(float)) != 0) ++changed;
-    return changed;
+    return changed_outside(view_, buffer_, value);
   }
 
  private:
@@ -180,11 +187,7 @@ class HostLse {
   void fill(float value) { std::fill(buffer_.begin(), buffer_.end(), value); }
 
   std::size_t changed_outside_view(float value) const {
-    const auto covered = covered_mask(view_, buffer_.data(), buffer_.size());
-    std::size_t changed = 0;
-    for (std::size_t i = 0; i < buffer_.size(); ++i)
-      if (!covered[i] && std::memcmp(&buffer_[i], &value, sizeof(float)) != 0) ++changed;
-    return changed;
+    return changed_outside(view_, buffer_, value);
   }
 
  private:

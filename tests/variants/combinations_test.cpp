@@ -158,14 +158,9 @@ std::string describe(const Execution& e) {
   return std::string(to_string(e.backend)) + " x " + std::to_string(e.num_threads);
 }
 
-TEST(Determinism, CombinedOptionsBitwiseIdenticalOnEveryBackend) {
-  const Combination c{everything, 64, Backend::serial, 1};
-  Problem p({2, 8, 2, 97, 131, c.head_dim}, KvStorage::interleaved, 95);
-  const ModifierInputs in = make_inputs(2, 8, 97, 131, true);
-  ForwardOptions opts = options_for(c, in);
-  opts.window_left = 40;
-  p.run(opts);
-  EXPECT_TRUE(within_bounds(compare_to_reference(p.reference(opts), p.o().cview(), p.lse().view())));
+/// Re-runs p under every backend and thread count: O and LSE must match the first run bit for bit.
+template <class AnyProblem>
+void expect_same_bits_on_every_execution(AnyProblem& p, ForwardOptions opts) {
   const std::vector<float> want = p.outputs();
   for (const Execution& e : every_execution()) {
     opts.execution = e;
@@ -175,19 +170,24 @@ TEST(Determinism, CombinedOptionsBitwiseIdenticalOnEveryBackend) {
   }
 }
 
+TEST(Determinism, CombinedOptionsBitwiseIdenticalOnEveryBackend) {
+  const Combination c{everything, 64, Backend::serial, 1};
+  Problem p({2, 8, 2, 97, 131, c.head_dim}, KvStorage::interleaved, 95);
+  const ModifierInputs in = make_inputs(2, 8, 97, 131, true);
+  ForwardOptions opts = options_for(c, in);
+  opts.window_left = 40;
+  p.run(opts);
+  EXPECT_TRUE(within_bounds(compare_to_reference(p.reference(opts), p.o().cview(), p.lse().view())));
+  expect_same_bits_on_every_execution(p, opts);
+}
+
 TEST(Determinism, VarlenBitwiseIdenticalOnEveryBackend) {
   const Combination c{everything | top_left, 32, Backend::serial, 1};
   VarlenProblem p({70, 0, 5, 130, 33}, {90, 4, 0, 130, 20}, 6, 3, c.head_dim, 96);
   const ModifierInputs in = make_inputs(p.batch(), 6, p.max_q(), p.max_k(), true);
   ForwardOptions opts = options_for(c, in);
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
-  const std::vector<float> want = p.outputs();
-  for (const Execution& e : every_execution()) {
-    opts.execution = e;
-    p.reset_outputs();
-    p.run(opts);
-    EXPECT_TRUE(bitwise_equal(p.outputs(), want)) << describe(e);
-  }
+  expect_same_bits_on_every_execution(p, opts);
 }
 
 }  // namespace
