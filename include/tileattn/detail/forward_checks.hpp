@@ -108,23 +108,24 @@ void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, i
   validate_execution(exec);
 }
 
-/// Outputs must not overlap themselves or any input.
+/// An output must not overlap itself or any input of p.
+template <class T, class Out>
+void check_output(const ForwardParams<T>& p, const Out& out, const std::string& name) {
+  check_no_self_overlap(out, name);
+  check_disjoint(out, name, p.q, "q");
+  check_disjoint(out, name, p.k, "k");
+  check_disjoint(out, name, p.v, "v");
+  if (p.bias.data) check_disjoint(out, name, p.bias, "bias");
+  if (p.mask.data) check_disjoint(out, name, p.mask, "mask");
+}
+
+/// Outputs must not overlap themselves, each other or any input.
 template <class T>
 void check_aliasing(const ForwardParams<T>& p) {
-  check_no_self_overlap(p.o, "o");
-  check_disjoint(p.o, "o", p.q, "q");
-  check_disjoint(p.o, "o", p.k, "k");
-  check_disjoint(p.o, "o", p.v, "v");
-  if (p.bias.data) check_disjoint(p.o, "o", p.bias, "bias");
-  if (p.mask.data) check_disjoint(p.o, "o", p.mask, "mask");
+  check_output(p, p.o, "o");
   if (!p.lse.data) return;
-  check_no_self_overlap(p.lse, "lse");
-  check_disjoint(p.lse, "lse", p.q, "q");
-  check_disjoint(p.lse, "lse", p.k, "k");
-  check_disjoint(p.lse, "lse", p.v, "v");
+  check_output(p, p.lse, "lse");
   check_disjoint(p.lse, "lse", p.o, "o");
-  if (p.bias.data) check_disjoint(p.lse, "lse", p.bias, "bias");
-  if (p.mask.data) check_disjoint(p.lse, "lse", p.mask, "mask");
 }
 
 /// cu_seqlens: batch + 1 entries from 0, non-decreasing, within `total` rows, each length <= max.
