@@ -67,7 +67,7 @@ class BlasAttention {
       const index_t visible = causal ? std::clamp<index_t>(i + nk_ - nq_ + 1, 0, nk_) : nk_;
       std::fill(row + visible, row + nk_, 0.0f);
       if (visible == 0) continue;
-      const float sum = arch::native::exp2_shift_sum(row, visible, arch::native::row_max(row, visible));
+      const float sum = arch::native::exp2_shift_sum(row, visible, 1.0f, arch::native::row_max(row, visible));
       arch::native::scale(row, visible, 1.0f / sum);  // P
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f, w.s.data(), nk,

@@ -158,9 +158,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const AttentionShape& s = opt.shape;
-  if (!tileattn::head_dim_supported(s.head_dim)) {
-    std::fprintf(stderr, "tileattn_demo: head_dim %lld is not supported (32, 64, 80, 96, 128, 256)\n",
-                 static_cast<long long>(s.head_dim));
+  if (s.head_dim < 1 || s.head_dim > tileattn::max_head_dim) {
+    std::fprintf(stderr, "tileattn_demo: head_dim %lld is not in [1, %lld]\n",
+                 static_cast<long long>(s.head_dim), static_cast<long long>(tileattn::max_head_dim));
     return 2;
   }
 
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   tileattn::ForwardOptions options;
   options.causal = s.causal;
   options.execution.num_threads = opt.threads;
-  const tileattn::TilePlan plan = tileattn::plan_forward(s.head_dim, s.seqlen_q, s.seqlen_k, options);
+  const tileattn::TilePlan plan = tileattn::plan_forward(w.q_view(), w.k_view(), w.v_view(), options);
   const int workers = tileattn::worker_count(options.execution);
   std::printf("tileattn %s demo: B=%lld H=%lld N=%lld d=%lld %s, fp32, %d thread%s (%s backend)\n",
               tileattn::version, static_cast<long long>(s.batch),

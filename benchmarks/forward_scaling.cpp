@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
     for (float& e : *x) e = normal(rng);
   const auto view = [&](std::vector<float>& x) { return tileattn::make_bshd(x.data(), 1, c.seqlen, c.heads, c.head_dim); };
   const double flops = 4.0 * static_cast<double>(c.heads * c.seqlen) * static_cast<double>(c.seqlen * c.head_dim) / (c.causal ? 2 : 1);
-  const tileattn::TilePlan plan = tileattn::plan_forward(c.head_dim, c.seqlen, c.seqlen);
+  const tileattn::TilePlan plan =
+      tileattn::plan_forward({c.head_dim, c.head_dim, c.seqlen, c.seqlen, 1, c.heads});
   std::printf("forward B=1 H=%ld N=%ld d=%ld %s, micro-kernels %s, tiles %ld x %ld, SRAM %zu bytes\n",
               static_cast<long>(c.heads), static_cast<long>(c.seqlen), static_cast<long>(c.head_dim),
               c.causal ? "causal" : "non-causal", tileattn::arch::native::name,

@@ -20,7 +20,6 @@
 #include "tileattn/core/params.hpp"
 #include "tileattn/detail/forward_checks.hpp"
 #include "tileattn/kernels/forward.hpp"
-#include "tileattn/kernels/head_dim_dispatch.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/memory/cache_size.hpp"
 
@@ -45,11 +44,20 @@ inline std::size_t effective_sram_budget(const ForwardOptions& options) {
   return options.sram_budget_bytes ? options.sram_budget_bytes : per_core_cache_bytes();
 }
 
-/// The tile plan forward() uses for these sizes and options (group = heads_q / heads_kv).
-inline TilePlan plan_forward(index_t head_dim, index_t seqlen_q, index_t seqlen_k,
-                             const ForwardOptions& options = {}, index_t group_size = 1) {
-  return plan_forward_tiles(head_dim, seqlen_q, seqlen_k, effective_sram_budget(options),
-                            group_size);
+/// The tile plan forward() uses for a call of this shape with these options (the budget,
+/// and the thread count, which may split query tiles so that every worker has work).
+inline TilePlan plan_forward(const PlanShape& shape, const ForwardOptions& options = {}) {
+  return plan_forward_tiles(shape, effective_sram_budget(options), worker_count(options.execution));
+}
+
+/// The tile plan forward(q, k, v, ...) uses with these options.
+template <class T>
+TilePlan plan_forward(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
+                      const ForwardOptions& options = {}) {
+  return plan_forward({q.shape[dim::head_dim], v.shape[dim::head_dim], q.shape[dim::seqlen],
+                       k.shape[dim::seqlen], q.shape[dim::heads] / std::max<index_t>(k.shape[dim::heads], 1),
+                       q.shape[dim::batch] * k.shape[dim::heads]},
+                      options);
 }
 
 namespace detail {
@@ -73,18 +81,26 @@ inline ForwardParams<float> make_params(TensorView<const float> q, TensorView<co
   return p;
 }
 
+inline void check_budget(const ForwardOptions& options) {
+  require(options.sram_budget_bytes <= max_sram_budget_bytes, "sram_budget_bytes",
+          "must be at most " + std::to_string(max_sram_budget_bytes) + " (1 GiB; 0: the per-core cache), got " +
+              std::to_string(options.sram_budget_bytes));
+}
+
+template <class T>
+PlanShape plan_shape(const ForwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k) {
+  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.group_size(),
+          p.batch() * p.heads_kv()};
+}
+
 inline void run(const ForwardParams<float>& p, index_t max_seqlen_q, index_t max_seqlen_k,
                 const ForwardOptions& options) {
-  const TilePlan plan =
-      plan_forward(p.head_dim(), max_seqlen_q, max_seqlen_k, options, p.group_size());
-  dispatch_head_dim(p.head_dim(), [&](auto head_dim) {
-    constexpr index_t D = decltype(head_dim)::value;
-    if (options.io_counts) {
-      *options.io_counts = kernels::run_forward<D, CountingIo>(p, plan, options.execution);
-    } else {
-      kernels::run_forward<D, NoIoCounting>(p, plan, options.execution);
-    }
-  });
+  const TilePlan plan = plan_forward(plan_shape(p, max_seqlen_q, max_seqlen_k), options);
+  if (options.io_counts) {
+    *options.io_counts = kernels::run_forward<CountingIo>(p, plan, options.execution);
+  } else {
+    kernels::run_forward<NoIoCounting>(p, plan, options.execution);
+  }
 }
 
 template <class T>
@@ -96,8 +112,9 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
 
 /// O = softmax(scale * Q K^T, modified and masked as `options` says) V for every
 /// (batch, query head), and, when lse.data is set, lse = log of each row's softmax
-/// denominator (natural log; -inf for rows that see no key). Query head h reads K/V head
-/// h / (heads_q / heads_kv).
+/// denominator (natural log; -inf for rows that see no key, NaN for rows that see a NaN
+/// score). Query head h reads K/V head h / (heads_q / heads_kv). q and k have head_dim,
+/// v and o head_dim_v (each in 1..max_head_dim; they may differ).
 inline void forward(TensorView<const float> q, TensorView<const float> k,
                     TensorView<const float> v, TensorView<float> o, LseView lse,
                     const ForwardOptions& options = {}) {
@@ -106,6 +123,7 @@ inline void forward(TensorView<const float> q, TensorView<const float> k,
                     detail::lse_dims);
   const ForwardParams<float> p = detail::make_params(q, k, v, o, lse, options);
   detail::check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
+  detail::check_budget(options);
   detail::check_aliasing(p);
   detail::run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
 }
@@ -141,6 +159,7 @@ inline void forward_varlen(PackedView<const float> q, PackedView<const float> k,
   p.cu_seqlens_k = seqs.cu_seqlens_k.data();
   p.num_sequences = batch;
   detail::check_options(p, batch, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
+  detail::check_budget(options);
   detail::check_aliasing(p);
   detail::run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
 }

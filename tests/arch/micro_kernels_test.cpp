@@ -1,6 +1,6 @@
 // tests/arch/micro_kernels_test.cpp: every arch compiled into this TU (generic, AVX2,
 // AVX-512) against double-precision references and against generic: gemm over awkward
-// shapes, 2^x over [-150, 0] and -inf, row max with -inf, exp2_shift_sum, scale, transpose.
+// shapes, 2^x over [-150, 0] and -inf, row max with -inf, exp2_shift_sum, all_finite, scale, transpose.
 //
 // The same source is built several times with different target flags (tests/arch/
 // CMakeLists.txt), so AVX2 runs even on an AVX-512 machine.
@@ -37,9 +37,10 @@ namespace {
       ns::gemm<Accumulate>(m, n, k, a, lda, b, ldb, c, ldc);                                   \
     }                                                                                          \
     static float row_max(const float* x, index_t n) { return ns::row_max(x, n); }              \
-    static float exp2_shift_sum(float* x, index_t n, float shift) {                            \
-      return ns::exp2_shift_sum(x, n, shift);                                                  \
+    static float exp2_shift_sum(float* x, index_t n, float scale, float shift) {               \
+      return ns::exp2_shift_sum(x, n, scale, shift);                                           \
     }                                                                                          \
+    static bool all_finite(const float* x, index_t n) { return ns::all_finite(x, n); }         \
     static void scale(float* x, index_t n, float factor) { ns::scale(x, n, factor); }          \
     static float exp2(float x) { return ns::exp2(x); }                                        \
     static void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst, \
@@ -250,7 +251,7 @@ TYPED_TEST(MicroKernels, Exp2WithinStatedAccuracyOverTheSoftmaxRange) {
   // The vector path: exp2_shift_sum with a zero shift, in chunks of awkward length.
   std::vector<float> row(inputs);
   for (std::size_t start = 0; start < row.size(); start += 509)
-    TypeParam::exp2_shift_sum(row.data() + start, std::min<index_t>(509, row.size() - start), 0.0f);
+    TypeParam::exp2_shift_sum(row.data() + start, std::min<index_t>(509, row.size() - start), 1.0f, 0.0f);
   for (std::size_t i = 0; i < row.size(); ++i)
     worst = std::max(worst, exp2_error(inputs[i], row[i], std::string(TypeParam::name()) + " exp2_shift_sum"));
   std::printf("[ %s ] max relative error of 2^x over [-150, 0] (normal results): %.3g (%.2f ulp of 1)\n",
@@ -306,39 +307,75 @@ TYPED_TEST(MicroKernels, RowMaxWithNegativeInfinityEntries) {
 
 // ---- exp2_shift_sum ----------------------------------------------------------------------
 
+/// 2^(x * scale - shift) with x * scale - shift in one fused multiply-add: raw scores times
+/// softmax_scale * log2(e) (a scale of 1 is the plain shift).
 TYPED_TEST(MicroKernels, Exp2ShiftSumMatchesDouble) {
   constexpr float inf = std::numeric_limits<float>::infinity();
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> score(-40.0f, 8.0f);
   std::bernoulli_distribution masked(0.2);
+  for (float scale : {1.0f, 0.12751743f, 3.7f})
+    for (index_t n : row_lengths) {
+      Buffer x(static_cast<std::size_t>(n));
+      for (int trial = 0; trial < 10; ++trial) {
+        std::vector<float> in(static_cast<std::size_t>(n));
+        for (float& v : in) v = masked(rng) ? -inf : score(rng) / scale;
+        const float shift = std::max(8.0f, *std::max_element(in.begin(), in.end()) * scale);
+        std::copy(in.begin(), in.end(), x.data);
+        const float sum = TypeParam::exp2_shift_sum(x.data, n, scale, shift);
+        double exact_sum = 0.0, sum_bound = 0.0;
+        for (index_t j = 0; j < n; ++j) {
+          const float xj = in[static_cast<std::size_t>(j)];
+          const double arg = static_cast<double>(xj) * scale - shift;
+          const double exact = std::exp2(arg);
+          exact_sum += exact;
+          if (std::isinf(xj)) {
+            ASSERT_EQ(x.data[j], 0.0f) << "n=" << n << " j=" << j;
+            continue;
+          }
+          // The FMA rounds x * scale - shift once: a relative error of |arg| u ln 2.
+          const double argument_rounding = std::fabs(arg) * float_epsilon * std::numbers::ln2;
+          const double bound = exact * (exp2_relative_tolerance + argument_rounding) + subnormal_step;
+          ASSERT_NEAR(x.data[j], exact, bound) << "n=" << n << " j=" << j << " scale=" << scale;
+          sum_bound += bound;
+        }
+        // The terms' own errors plus n - 1 float additions.
+        sum_bound += static_cast<double>(n) * float_epsilon * exact_sum;
+        EXPECT_NEAR(sum, exact_sum, sum_bound) << "n=" << n;
+        EXPECT_EQ(x.data[n], guard) << "wrote past the end, n=" << n;
+      }
+    }
+}
+
+TYPED_TEST(MicroKernels, Exp2ShiftSumPropagatesNaN) {
+  for (index_t n : row_lengths) {
+    std::vector<float> x(static_cast<std::size_t>(n), -3.0f);
+    x[static_cast<std::size_t>(n / 2)] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_TRUE(std::isnan(TypeParam::exp2_shift_sum(x.data(), n, 0.5f, 0.0f))) << "n=" << n;
+    EXPECT_TRUE(std::isnan(x[static_cast<std::size_t>(n / 2)]));
+  }
+}
+
+// ---- all_finite ---------------------------------------------------------------------------
+
+TYPED_TEST(MicroKernels, AllFiniteFindsEveryInfAndNaN) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const float bad[] = {inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+                       -std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::signaling_NaN()};
+  std::mt19937 rng(23);
   for (index_t n : row_lengths) {
     Buffer x(static_cast<std::size_t>(n));
-    for (int trial = 0; trial < 10; ++trial) {
-      std::vector<float> in(static_cast<std::size_t>(n));
-      for (float& v : in) v = masked(rng) ? -inf : score(rng);
-      const float shift = std::max(8.0f, *std::max_element(in.begin(), in.end()));
-      std::copy(in.begin(), in.end(), x.data);
-      const float sum = TypeParam::exp2_shift_sum(x.data, n, shift);
-      double exact_sum = 0.0, sum_bound = 0.0;
-      for (index_t j = 0; j < n; ++j) {
-        const float xj = in[static_cast<std::size_t>(j)];
-        const double exact = std::exp2(static_cast<double>(xj) - shift);
-        exact_sum += exact;
-        if (std::isinf(xj)) {
-          ASSERT_EQ(x.data[j], 0.0f) << "n=" << n << " j=" << j;
-          continue;
-        }
-        // x - shift is rounded to float before 2^: a relative error of |x - shift| u ln 2.
-        const double argument_rounding = std::fabs(xj - shift) * float_epsilon * std::numbers::ln2;
-        const double bound = exact * (exp2_relative_tolerance + argument_rounding) + subnormal_step;
-        ASSERT_NEAR(x.data[j], exact, bound) << "n=" << n << " j=" << j;
-        sum_bound += bound;
+    for (index_t j = 0; j < n; ++j) x.data[j] = nonzero_uniform(rng) * 3e38f;  // large but finite
+    x.data[n] = inf;  // just past the end: must not be read
+    EXPECT_TRUE(TypeParam::all_finite(x.data, n)) << "n=" << n;
+    EXPECT_TRUE(TypeParam::all_finite(x.data, 0));
+    for (float value : bad)
+      for (index_t at : {index_t{0}, n / 2, n - 1}) {
+        const float kept = x.data[at];
+        x.data[at] = value;
+        EXPECT_FALSE(TypeParam::all_finite(x.data, n)) << "n=" << n << " at " << at;
+        x.data[at] = kept;
       }
-      // The terms' own errors plus n - 1 float additions.
-      sum_bound += static_cast<double>(n) * float_epsilon * exact_sum;
-      EXPECT_NEAR(sum, exact_sum, sum_bound) << "n=" << n;
-      EXPECT_EQ(x.data[n], guard) << "wrote past the end, n=" << n;
-    }
   }
 }
 

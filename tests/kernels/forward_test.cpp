@@ -80,7 +80,7 @@ std::vector<ForwardCase> small_shape_cases() {
   const auto backends = compiled_backends();
   std::vector<ForwardCase> out;
   int combo = 0;
-  for (index_t d : supported_head_dims)
+  for (index_t d : test_head_dims)
     for (auto [nq, nk] : shapes) {
       for (bool causal : {false, true}) {
         out.push_back({d, 2, 3, nq, nk, all_layouts[combo % 4], causal,
@@ -161,7 +161,7 @@ TEST_P(ForwardVsReference, MatchesWithinBound) {
   const double scale = c.scale ? static_cast<double>(*c.scale) : default_scale(d);
   const auto ref = reference::attention<float>(q.cview(), k.cview(), v.cview(), scale, c.causal);
   const Deviation dev = compare_to_reference(ref, o.cview(), lse.view());
-  const TilePlan plan = plan_forward(d, c.seqlen_q, c.seqlen_k, opts);
+  const TilePlan plan = plan_forward(q.cview(), k.cview(), v.cview(), opts);
   SCOPED_TRACE("tile plan " + std::to_string(plan.query_tile_rows) + " x " +
                std::to_string(plan.key_tile_rows));
   // Default scale: the fixed bounds. Custom scale: FlashAttention's rule against naive fp32.
@@ -199,17 +199,17 @@ INSTANTIATE_TEST_SUITE_P(Backends, ForwardVsReference, ::testing::ValuesIn(backe
 // query and key tiles at every head_dim (so the online-softmax rescale and the partial last
 // tiles run).
 TEST(ForwardBudgets, SmallBudgetsGiveManyTiles) {
-  for (index_t d : supported_head_dims)
+  for (index_t d : test_head_dims)
     for (Budget b : {Budget::small, Budget::tiny}) {
       ForwardOptions opts;
       opts.sram_budget_bytes = budget_bytes(b, d);
-      const TilePlan plan = plan_forward(d, 127, 127, opts);
+      const TilePlan plan = plan_forward(PlanShape{d, d, 127, 127}, opts);
       EXPECT_GE(plan.query_tiles(127), 4) << "d " << d << " budget " << to_string(b);
       EXPECT_GE((127 + plan.key_tile_rows - 1) / plan.key_tile_rows, 4)
           << "d " << d << " budget " << to_string(b);
     }
-  // The long cases at the default budget stream 1000 keys in several key tiles (Bc <= d).
-  for (index_t d : {64, 128}) EXPECT_LE(plan_forward(d, 1000, 1000).key_tile_rows, d);
+  // The long cases at the default budget stream 1000 keys in several key tiles.
+  for (index_t d : {64, 128}) EXPECT_LE(plan_forward(PlanShape{d, d, 1000, 1000}).key_tile_rows, 128);
 }
 
 // FlashAttention's own rule, applied directly: kernel error <= 2e-5 + 2 x the error of naive
@@ -312,7 +312,7 @@ TEST(Forward, OneByOneTilesAtTheSmallestBudget) {
     ForwardOptions opts;
     opts.causal = true;
     opts.sram_budget_bytes = forward_working_set_bytes(1, 1, d);
-    const TilePlan plan = plan_forward(d, 7, 9, opts);
+    const TilePlan plan = plan_forward(PlanShape{d, d, 7, 9, 1, 4}, opts);
     EXPECT_EQ(plan.query_tile_rows, 1);
     EXPECT_EQ(plan.key_tile_rows, 1);
     HostTensor q({2, 7, 2, d}, Layout::bhsd), k({2, 9, 2, d}, Layout::bshd), v({2, 9, 2, d}, Layout::bshd);
@@ -370,7 +370,7 @@ TEST_P(ForwardDeterminism, BitwiseIdenticalAcrossBackendsAndThreads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, ForwardDeterminism,
-                         ::testing::Combine(::testing::ValuesIn(supported_head_dims),
+                         ::testing::Combine(::testing::ValuesIn(test_head_dims),
                                             ::testing::Bool()),
                          [](const ::testing::TestParamInfo<std::tuple<index_t, bool>>& info) {
                            return "d" + std::to_string(std::get<0>(info.param)) +

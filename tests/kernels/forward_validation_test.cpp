@@ -126,10 +126,23 @@ std::vector<BadCase> bad_cases() {
       {"scale_inf", [=](Call& c) { c.opts.softmax_scale = inf; }, "softmax_scale"},
       {"scale_zero", [](Call& c) { c.opts.softmax_scale = 0.0f; }, "softmax_scale"},
       {"scale_negative", [](Call& c) { c.opts.softmax_scale = -0.5f; }, "softmax_scale"},
+      {"scale_times_log2e_overflows", [](Call& c) { c.opts.softmax_scale = 3e38f; }, "softmax_scale"},
       // execution
       {"threads_negative", [](Call& c) { c.opts.execution.num_threads = -1; }, "num_threads"},
+      {"threads_100000", [](Call& c) { c.opts.execution.num_threads = 100000; }, "num_threads"},
+      {"threads_above_max", [](Call& c) { c.opts.execution.num_threads = max_threads + 1; }, "num_threads"},
+      // views whose sizes or address ranges overflow
+      {"q_element_count_overflows", [](Call& c) { c.qv.shape[1] = index_t{1} << 62; }, "q"},
+      {"k_stride_reach_overflows", [](Call& c) { c.kv.stride[1] = index_t{1} << 61; }, "k"},
+      {"v_bytes_past_address_space", [](Call& c) { c.vv.stride[0] = index_t{1} << 62; }, "v"},
+      {"o_stride_reach_overflows", [](Call& c) { c.ov.stride[2] = index_t{1} << 62; }, "o"},
+      {"lse_stride_reach_overflows", [](Call& c) { c.lv.stride[1] = index_t{1} << 62; }, "lse"},
       // SRAM budget
       {"budget_64_bytes", [](Call& c) { c.opts.sram_budget_bytes = 64; }, "sram_budget_bytes", true},
+      {"budget_2_pow_40", [](Call& c) { c.opts.sram_budget_bytes = std::size_t{1} << 40; }, "sram_budget_bytes"},
+      {"budget_2_pow_62", [](Call& c) { c.opts.sram_budget_bytes = std::size_t{1} << 62; }, "sram_budget_bytes"},
+      {"budget_size_max", [](Call& c) { c.opts.sram_budget_bytes = SIZE_MAX; }, "sram_budget_bytes"},
+      {"budget_above_max", [](Call& c) { c.opts.sram_budget_bytes = max_sram_budget_bytes + 1; }, "sram_budget_bytes"},
       {"budget_one_below_1x1",
        [](Call& c) { c.opts.sram_budget_bytes = forward_working_set_bytes(1, 1, 32) - 1; },
        "sram_budget_bytes", true},
@@ -155,12 +168,28 @@ TEST_P(ForwardRejects, NamesTheParameterAndWritesNothing) {
 INSTANTIATE_TEST_SUITE_P(BadArguments, ForwardRejects, ::testing::ValuesIn(bad_cases()),
                          [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
-TEST(ForwardRejection, UnsupportedHeadDim) {
-  for (index_t d : {1, 16, 48, 100, 512}) {
+TEST(ForwardRejection, HeadDimAboveTheLimit) {
+  for (index_t d : {max_head_dim + 1, index_t{4096}}) {
     SCOPED_TRACE("head_dim " + std::to_string(d));
     Call c(d);
     expect_rejected(c, "head_dim");
   }
+}
+
+TEST(ForwardRejection, ValueHeadDimAboveTheLimit) {
+  Call c(32);
+  HostTensor wide_v({Call::B, Call::nk, Call::H, max_head_dim + 1}, Layout::bshd);
+  HostTensor wide_o({Call::B, Call::nq, Call::H, max_head_dim + 1}, Layout::bshd);
+  wide_o.fill(sentinel);
+  c.vv = wide_v.cview();
+  c.ov = wide_o.view();
+  try {
+    c.run();
+    ADD_FAILURE() << "accepted head_dim_v " << max_head_dim + 1;
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.parameter(), "head_dim_v");
+  }
+  EXPECT_TRUE(all_equal(wide_o.buffer(), sentinel));
 }
 
 TEST(ForwardRejection, BackendNotCompiledIn) {
@@ -223,6 +252,30 @@ TEST(ForwardRejection, BadAlibiSinksBiasMask) {
     std::unique_ptr<bool[]> mask(new bool[Call::nq * Call::nk]());
     c.opts.mask = {mask.get(), {1, 1, Call::nq, Call::nk}, {0, 0, -1, 1}};
     expect_rejected(c, "mask.stride[2]");
+  }
+  {
+    Call c;  // an absurd bias stride names the bias, not "o overlaps bias"
+    std::vector<float> bias(static_cast<std::size_t>(Call::nq * Call::nk), 0.25f);
+    c.opts.bias = {bias.data(), {1, 1, Call::nq, Call::nk}, {0, 0, index_t{1} << 62, 1}};
+    expect_rejected(c, "bias");
+  }
+}
+
+// Float options whose value x * log2(e) (the kernels' units) would overflow are rejected by
+// name; the largest accepted values give the reference's answer (ExtremeOptionValues in
+// tests/variants/score_mods_test.cpp).
+TEST(ForwardRejection, OptionValuesThatOverflowInLog2Units) {
+  {
+    Call c;
+    const std::vector<float> sinks{0.0f, 3e38f, 0.0f, 0.0f};
+    c.opts.sinks = sinks;
+    expect_rejected(c, "sinks");
+  }
+  {
+    Call c;  // |slope| * (Nq + Nk) must stay below max_natural_log_magnitude / 4
+    const std::vector<float> slopes{0.5f, 0.5f, -1e37f, 0.5f};
+    c.opts.alibi_slopes = slopes;
+    expect_rejected(c, "alibi_slopes");
   }
 }
 

@@ -142,7 +142,7 @@ Result tiled_softmax(const Problem& p, Step&& step, const float* sink = nullptr)
   return r;
 }
 
-const auto real_step = [](auto& s, ops::RowStats& stats, auto& o) { ops::online_softmax_step(s, stats, o); };
+const auto real_step = [](auto& s, ops::RowStats& stats, auto& o) { ops::online_softmax_step(s, stats, o, 1.0f); };
 
 double max_o_error(const Result& a, const Result& b) {
   double e = 0.0;
@@ -184,7 +184,7 @@ TEST(OnlineSoftmax, StepLeavesMaskedRowsAtZeroProbability) {
   ops::fill(s, neg_inf);
   s(1, 3) = 1.0f;
   s(1, 4) = 2.0f;
-  ops::online_softmax_step(s, stats, o);
+  ops::online_softmax_step(s, stats, o, 1.0f);
   for (index_t j = 0; j < 16; ++j) EXPECT_EQ(s(0, j), 0.0f);
   EXPECT_EQ(stats.max[0], neg_inf);
   EXPECT_EQ(stats.sum[0], 0.0f);
@@ -236,6 +236,85 @@ TEST(OnlineSoftmax, MissingRescaleIsCaught) {
     EXPECT_GT(broken, 1e-2) << "seed " << seed;
     EXPECT_GT(broken, 100 * forward_o_tolerance) << "seed " << seed;
     EXPECT_LT(fine, forward_o_tolerance) << "seed " << seed;
+  }
+}
+
+// Raw scores with the scale applied inside the exponent give the same P as scores scaled
+// first, to within the rounding of the scaled product.
+TEST(OnlineSoftmax, ScaleInsideTheExponent) {
+  const Problem p(6);
+  constexpr float scale = 0.37f;
+  Problem raw = p;
+  for (float& x : raw.scores) x = std::isinf(x) ? x : x / scale;
+  const Result want = direct_softmax(p);
+  const Result got = tiled_softmax(raw, [&](auto& s, ops::RowStats& stats, auto& o) {
+    ops::online_softmax_step(s, stats, o, scale);
+  });
+  EXPECT_LE(max_o_error(got, want), 1e-5);
+}
+
+// A NaN score makes its row NaN, whether the NaN shares a tile with finite scores, comes
+// alone in a tile before any finite score (where the running max is still -inf), or comes
+// with -inf masked scores only; the other rows are untouched.
+TEST(OnlineSoftmax, NaNScoreMakesItsRowNaNInAnyTile) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (index_t at : {index_t{0}, index_t{10}, index_t{30}}) {  // key tiles 0..6, 7..22, 23..25, 26..45
+    for (bool rest_masked : {false, true}) {
+      Problem p(7);
+      for (index_t i = 0; i < rows; ++i)
+        for (index_t j = 0; j < total_keys; ++j)
+          if (rest_masked && i == 3 && j < 23) p.scores[static_cast<std::size_t>(i * total_keys + j)] = neg_inf;
+      p.scores[static_cast<std::size_t>(3 * total_keys + at)] = nan;
+      const Result got = tiled_softmax(p, real_step);
+      EXPECT_TRUE(std::isnan(got.lse[3])) << "NaN at key " << at;
+      for (index_t c = 0; c < value_cols; ++c)
+        EXPECT_TRUE(std::isnan(got.o[static_cast<std::size_t>(3 * value_cols + c)])) << "NaN at key " << at;
+      for (index_t i = 0; i < rows; ++i)
+        if (i != 3 && i != 2) {
+          EXPECT_FALSE(std::isnan(got.lse[static_cast<std::size_t>(i)])) << "row " << i;
+        }
+    }
+  }
+}
+
+// The step for a V tile with an Inf or NaN: a row that sees the key gets it (NaN), a row
+// whose score for it is -inf never multiplies it, and every other value is the same as the
+// plain step's (the same fused multiply-adds in the same order).
+TEST(OnlineSoftmax, VisibleValuesStepSkipsMaskedKeys) {
+  ScratchArena arena(1 << 16);
+  auto s1 = Tile<float>::carve(arena, 3, 20), s2 = Tile<float>::carve(arena, 3, 20);
+  auto v = Tile<float>::carve(arena, 20, 8);
+  auto o1 = Tile<float>::carve(arena, 3, 8), o2 = Tile<float>::carve(arena, 3, 8);
+  auto st1 = ops::RowStats::carve(arena, 3), st2 = ops::RowStats::carve(arena, 3);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (index_t i = 0; i < 3; ++i)
+    for (index_t j = 0; j < 20; ++j) s1(i, j) = s2(i, j) = normal(rng);
+  for (index_t j = 0; j < 20; ++j)
+    for (index_t c = 0; c < 8; ++c) v(j, c) = normal(rng);
+  s1(0, 5) = s2(0, 5) = neg_inf;  // row 0 does not see key 5
+  for (auto* o : {&o1, &o2})
+    for (index_t i = 0; i < 3; ++i)
+      for (index_t c = 0; c < 8; ++c) (*o)(i, c) = normal(rng);
+  st1.reset(3);
+  st2.reset(3);
+  ops::online_softmax_step(s1, st1, o1, 0.5f);  // the plain step and P V with finite V
+  ops::matmul_accumulate(o1, s1, v);
+  v(5, 2) = std::numeric_limits<float>::quiet_NaN();  // only the rare path sees this
+  ops::online_softmax_step_visible_values(s2, st2, o2, v, 0.5f);
+  for (index_t c = 0; c < 8; ++c) {
+    EXPECT_EQ(o2(0, c), o1(0, c)) << "row 0 does not see key 5, c " << c;
+    for (index_t i = 1; i < 3; ++i) {
+      if (c == 2) {
+        EXPECT_TRUE(std::isnan(o2(i, c))) << "row " << i << " sees key 5";
+      } else {
+        EXPECT_EQ(o2(i, c), o1(i, c)) << "row " << i << ", c " << c;
+      }
+    }
+  }
+  for (index_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(st2.max[i], st1.max[i]);
+    EXPECT_EQ(st2.sum[i], st1.sum[i]);
   }
 }
 

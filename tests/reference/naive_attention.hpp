@@ -18,7 +18,7 @@
 namespace tileattn::reference {
 
 struct AttentionResult {
-  index_t batch = 0, seqlen_q = 0, heads = 0, head_dim = 0;
+  index_t batch = 0, seqlen_q = 0, heads = 0, head_dim = 0;  // head_dim: of V and O
   std::vector<double> o;    // contiguous [batch, seqlen_q, heads, head_dim]
   std::vector<double> lse;  // contiguous [batch, heads, seqlen_q]; -inf for rows with no key
 
@@ -51,7 +51,18 @@ double broadcast_at(const V& v, index_t b, index_t h, index_t i, index_t j) {
 }
 }  // namespace detail
 
-/// Reference attention with every option; K/V head of query head h is h / (Hq / Hkv).
+/// Whether key j lies within `side` of position i + offset on the given side: a plain
+/// comparison in 128-bit arithmetic, so windows up to INT64_MAX never overflow.
+inline bool within(index_t i, index_t offset, index_t j, index_t side, bool left) {
+  if (side < 0) return true;
+  const __int128 diagonal = static_cast<__int128>(i) + offset;
+  return left ? static_cast<__int128>(j) >= diagonal - side : static_cast<__int128>(j) <= diagonal + side;
+}
+
+/// Reference attention with every option; K/V head of query head h is h / (Hq / Hkv). V
+/// and O may have a head_dim of their own. NaN semantics (docs/options.md): a row that sees
+/// a NaN score gets O = NaN and LSE = NaN; a key whose score is -inf (masked, or made -inf)
+/// adds nothing, and its V row is never read, so an Inf or NaN there reaches no output.
 template <class T>
 AttentionResult attention(const TensorView<const T>& q, const TensorView<const T>& k,
                           const TensorView<const T>& v, const Options& opt) {
@@ -59,13 +70,15 @@ AttentionResult attention(const TensorView<const T>& q, const TensorView<const T
   r.batch = q.shape[0];
   r.seqlen_q = q.shape[1];
   r.heads = q.shape[2];
-  r.head_dim = q.shape[3];
-  const index_t nq = r.seqlen_q, nk = k.shape[1], d = r.head_dim, group = r.heads / k.shape[2];
+  r.head_dim = v.shape[3];
+  const index_t nq = r.seqlen_q, nk = k.shape[1], d = q.shape[3], dv = v.shape[3];
+  const index_t group = r.heads / k.shape[2];
   const index_t offset = opt.alignment == MaskAlignment::bottom_right ? nk - nq : 0;
   const index_t right = opt.causal ? 0 : opt.window_right, left = opt.window_left;
   const double scale = opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  r.o.assign(static_cast<std::size_t>(r.batch * nq * r.heads * d), 0.0);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  r.o.assign(static_cast<std::size_t>(r.batch * nq * r.heads * dv), 0.0);
   r.lse.assign(static_cast<std::size_t>(r.batch * r.heads * nq), 0.0);
   std::vector<double> s(static_cast<std::size_t>(std::max<index_t>(nk, 1)));  // one row of S, then P
   for (index_t b = 0; b < r.batch; ++b) {
@@ -73,14 +86,16 @@ AttentionResult attention(const TensorView<const T>& q, const TensorView<const T
     for (index_t h = 0; h < r.heads; ++h) {
       const index_t kh = h / group;
       for (index_t i = 0; i < nq; ++i) {
+        bool saw_nan = false;
+        double m = opt.sinks.empty() ? neg_inf : static_cast<double>(opt.sinks[static_cast<std::size_t>(h)]);
+        const double sink = m;
         for (index_t j = 0; j < nk; ++j) {
           double x = 0.0;
           for (index_t c = 0; c < d; ++c)
             x += static_cast<double>(q(b, i, h, c)) * static_cast<double>(k(b, j, kh, c));
           x *= scale;
           if (opt.softcap > 0) x = opt.softcap * std::tanh(x / opt.softcap);
-          const bool outside = (right >= 0 && j > i + offset + right) ||
-                               (left >= 0 && j < i + offset - left) ||
+          const bool outside = !within(i, offset, j, right, false) || !within(i, offset, j, left, true) ||
                                (opt.mask.data && !detail::broadcast_at(opt.mask, bb, h, i, j));
           if (opt.bias.data) x += detail::broadcast_at(opt.bias, bb, h, i, j);
           if (!opt.alibi_slopes.empty()) {
@@ -89,22 +104,30 @@ AttentionResult attention(const TensorView<const T>& q, const TensorView<const T
             x -= slope * static_cast<double>(std::abs(i + offset - j));
           }
           s[static_cast<std::size_t>(j)] = outside ? neg_inf : x;
+          if (!outside && std::isnan(x)) saw_nan = true;
+          if (!outside && x > m) m = x;
         }
-        const double sink = opt.sinks.empty() ? neg_inf : static_cast<double>(opt.sinks[static_cast<std::size_t>(h)]);
-        const double m = std::max(sink, nk ? *std::max_element(s.begin(), s.begin() + nk) : neg_inf);
         double& lse = r.lse[static_cast<std::size_t>((b * r.heads + h) * nq + i)];
+        double* out = &r.o[static_cast<std::size_t>(((b * nq + i) * r.heads + h) * dv)];
+        if (saw_nan) {
+          lse = nan;
+          std::fill(out, out + dv, nan);
+          continue;
+        }
         if (m == neg_inf) {
           lse = neg_inf;
           continue;
         }
         double sum = sink == neg_inf ? 0.0 : std::exp(sink - m);
-        for (index_t j = 0; j < nk; ++j) sum += (s[static_cast<std::size_t>(j)] = std::exp(s[static_cast<std::size_t>(j)] - m));
+        for (index_t j = 0; j < nk; ++j) sum += std::exp(s[static_cast<std::size_t>(j)] - m);
         lse = m + std::log(sum);
-        for (index_t c = 0; c < d; ++c) {
-          double acc = 0.0;
-          for (index_t j = 0; j < nk; ++j) acc += s[static_cast<std::size_t>(j)] * static_cast<double>(v(b, j, kh, c));
-          r.o[static_cast<std::size_t>(((b * nq + i) * r.heads + h) * d + c)] = acc / sum;
+        for (index_t j = 0; j < nk; ++j) {
+          const double sj = s[static_cast<std::size_t>(j)];
+          if (sj == neg_inf) continue;  // adds nothing, and V is not read
+          const double p = std::exp(sj - m);
+          for (index_t c = 0; c < dv; ++c) out[c] += p * static_cast<double>(v(b, j, kh, c));
         }
+        for (index_t c = 0; c < dv; ++c) out[c] /= sum;
       }
     }
   }

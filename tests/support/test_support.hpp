@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,6 +32,10 @@ namespace tileattn::test {
 /// FlashAttention's rule with the naive fp32 error measured on the same inputs.
 inline constexpr double forward_o_tolerance = 2e-5;
 inline constexpr double forward_lse_tolerance = 2e-5;
+
+/// The head dims the suites sweep: the common ones, then odd ones (any head_dim in
+/// [1, max_head_dim] takes the same path: none is special).
+inline constexpr std::array<index_t, 12> test_head_dims{32, 64, 80, 96, 128, 256, 1, 40, 59, 72, 111, 192};
 
 /// Written into every output element before a call, to see what a call wrote.
 inline constexpr float sentinel = 1234.5f;
@@ -209,8 +214,9 @@ inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>&
 // ---- Errors against the reference ----------------------------------------------------------
 
 /// Max absolute errors of a forward result, and the first structural problem found
-/// (a NaN, an unmasked row that is not finite, a row with no visible key whose O is not
-/// exactly 0 or whose LSE is not -inf). `problem` is empty when there is none.
+/// (a NaN where the reference has none or none where it has one, an unmasked row that is
+/// not finite, a row with no visible key whose O is not exactly 0 or whose LSE is not
+/// -inf). `problem` is empty when there is none.
 struct Deviation {
   double o = 0.0;
   double lse = 0.0;
@@ -230,9 +236,15 @@ inline Deviation compare_to_reference(const reference::AttentionResult& ref,
       for (index_t i = 0; i < ref.seqlen_q; ++i) {
         const double ref_lse = ref.log_sum_exp(b, h, i);
         const bool no_key = std::isinf(ref_lse) && ref_lse < 0;
+        const bool nan_row = std::isnan(ref_lse);  // the row sees a NaN score
         for (index_t c = 0; c < ref.head_dim; ++c) {
           const float got = o(b, i, h, c);
-          if (no_key) {
+          if (nan_row) {
+            if (!std::isnan(got)) note("O of a row that sees a NaN is not NaN", b, i, h);
+          } else if (const double want = ref.out(b, i, h, c); !std::isfinite(want)) {
+            if (!(std::isnan(want) ? std::isnan(got) : static_cast<double>(got) == want))
+              note("O differs from the reference's Inf or NaN", b, i, h);
+          } else if (no_key) {
             if (got != 0.0f) note("O of a row with no visible key is not 0", b, i, h);
           } else if (!std::isfinite(got)) {
             note("O is not finite", b, i, h);
@@ -242,7 +254,9 @@ inline Deviation compare_to_reference(const reference::AttentionResult& ref,
         }
         if (!lse.data) continue;
         const float got = lse(b, h, i);
-        if (no_key) {
+        if (nan_row) {
+          if (!std::isnan(got)) note("LSE of a row that sees a NaN is not NaN", b, i, h);
+        } else if (no_key) {
           if (!(std::isinf(got) && got < 0)) note("LSE of a row with no visible key is not -inf", b, i, h);
         } else if (!std::isfinite(got)) {
           note("LSE is not finite", b, i, h);

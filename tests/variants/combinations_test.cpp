@@ -56,7 +56,7 @@ std::vector<Combination> all_combinations() {
     const unsigned extras = ((scrambled & 1u) ? top_left : 0u) | ((scrambled & 2u) ? bias : 0u) |
                             ((scrambled & 4u) ? mask : 0u);
     out.push_back({subset | extras,
-                   supported_head_dims[subset % supported_head_dims.size()],
+                   test_head_dims[subset % test_head_dims.size()],
                    backends[subset % backends.size()], 1 + static_cast<int>(subset / 3 % 3)});
   }
   return out;

@@ -52,7 +52,7 @@ std::vector<GqaCase> gqa_cases() {
   int n = 0;
   for (const Ratio& r : ratios)
     for (auto [nq, nk] : seqlens) {
-      const index_t d = supported_head_dims[static_cast<std::size_t>(n) % supported_head_dims.size()];
+      const index_t d = test_head_dims[static_cast<std::size_t>(n) % test_head_dims.size()];
       const index_t batch = r.heads_q > 20 ? 1 : 2;  // keep the reference cheap
       out.push_back({{batch, r.heads_q, r.heads_kv, nq, nk, d}, n % 2 == 1, storages[(n / 3) % 3],
                      static_cast<Budget>(n % 3)});
@@ -79,13 +79,13 @@ INSTANTIATE_TEST_SUITE_P(Ratios, GqaVsReference, ::testing::ValuesIn(gqa_cases()
 // The chunked budget really splits groups into chunks of heads (and a 1 MiB budget packs
 // them whole), so both paths of the work list run above.
 TEST(GqaPlan, ChunkedBudgetSplitsGroups) {
-  for (index_t d : supported_head_dims)
+  for (index_t d : test_head_dims)
     for (index_t group : {3, 4, 13, 27}) {
       ForwardOptions opts;
       opts.sram_budget_bytes = budget_bytes(Budget::chunked, d, group);
-      EXPECT_LT(plan_forward(d, 37, 91, opts, group).heads_per_tile, group) << "d " << d;
+      EXPECT_LT(plan_forward(PlanShape{d, d, 37, 91, group}, opts).heads_per_tile, group) << "d " << d;
       opts.sram_budget_bytes = 1 << 20;
-      EXPECT_EQ(plan_forward(d, 1, 113, opts, group).heads_per_tile, group) << "d " << d;
+      EXPECT_EQ(plan_forward(PlanShape{d, d, 1, 113, group}, opts).heads_per_tile, group) << "d " << d;
     }
 }
 
@@ -126,7 +126,7 @@ Traffic measure(const Shape& s, ForwardOptions opts) {
   opts.io_counts = &counts;
   p.run(opts);
   const index_t group = s.heads_q / s.heads_kv;
-  const TilePlan plan = plan_forward(s.head_dim, s.seqlen_q, s.seqlen_k, opts, group);
+  const TilePlan plan = plan_forward(PlanShape{s.head_dim, s.head_dim, s.seqlen_q, s.seqlen_k, group, s.batch * s.heads_kv}, opts);
   const index_t offset = opts.alignment == MaskAlignment::bottom_right ? s.seqlen_k - s.seqlen_q : 0;
   const VisibleKeys keys{offset, opts.window_left, opts.causal ? 0 : opts.window_right, s.seqlen_k};
   const auto elems = static_cast<std::uint64_t>(s.batch * s.seqlen_q * s.heads_q);
@@ -154,7 +154,7 @@ TEST(GqaTraffic, KvBytesScaleWithKvHeadsNotQueryHeads) {
       const std::uint64_t kv = t.measured.bytes_read - t.q_bytes;
       EXPECT_EQ(kv, t.kv_bytes);
       EXPECT_EQ(t.measured.bytes_written, t.written_bytes);
-      const TilePlan plan = plan_forward(d, nq, nk, opts, Hq / hkv);
+      const TilePlan plan = plan_forward(PlanShape{d, d, nq, nk, Hq / hkv, B * hkv}, opts);
       const bool one_tile_per_group = plan.heads_per_tile == Hq / hkv && plan.query_tiles(nq) == 1;
       if (nq == 4) {
         EXPECT_TRUE(one_tile_per_group);

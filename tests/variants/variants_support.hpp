@@ -420,14 +420,16 @@ struct VisibleKeys {
 };
 
 /// K/V bytes the kernel reads for one sequence and one K/V head: every (head chunk, query
-/// tile) streams keys [first(p0), end(p_last)) of K and of V once.
+/// tile) streams keys [first(p0), end(p_last)) of K and of V once, from the start of the
+/// key tile that holds first(p0) (key tiles sit at multiples of Bc).
 inline std::uint64_t kv_bytes_per_kv_head(const TilePlan& plan, index_t group, index_t nq,
                                           const VisibleKeys& keys, index_t head_dim) {
   const index_t chunks = (group + plan.heads_per_tile - 1) / plan.heads_per_tile;
   std::uint64_t bytes = 0;
   for (index_t p0 = 0; p0 < nq; p0 += plan.query_tile_rows) {
     const index_t last = std::min(nq, p0 + plan.query_tile_rows) - 1;
-    const index_t n = std::max<index_t>(0, keys.end(last) - keys.first(p0));
+    const index_t begin = keys.first(p0) / plan.key_tile_rows * plan.key_tile_rows;
+    const index_t n = std::max<index_t>(0, keys.end(last) - begin);
     bytes += static_cast<std::uint64_t>(chunks * n * head_dim) * sizeof(float) * 2;
   }
   return bytes;

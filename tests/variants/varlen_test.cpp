@@ -107,7 +107,7 @@ std::vector<VarlenCase> varlen_cases() {
   int n = 0;
   for (VarlenOption o : options) {
     const Heads h = heads[n % 3];
-    out.push_back({o, h.q, h.kv, supported_head_dims[static_cast<std::size_t>(n) % supported_head_dims.size()]});
+    out.push_back({o, h.q, h.kv, test_head_dims[static_cast<std::size_t>(n) % test_head_dims.size()]});
     ++n;
   }
   return out;

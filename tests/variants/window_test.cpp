@@ -48,7 +48,7 @@ std::vector<WindowCase> window_cases() {
   for (auto [nq, nk] : seqlens)
     for (const Window& w : windows)
       for (MaskAlignment a : {MaskAlignment::bottom_right, MaskAlignment::top_left}) {
-        const index_t d = supported_head_dims[static_cast<std::size_t>(n++) % supported_head_dims.size()];
+        const index_t d = test_head_dims[static_cast<std::size_t>(n++) % test_head_dims.size()];
         out.push_back({nq, nk, d, w.causal, w.left, w.right, a});
       }
   return out;
@@ -193,7 +193,7 @@ std::uint64_t window_kv_bytes(index_t n, index_t w, std::uint64_t* analytic) {
   IoCounts counts;
   opts.io_counts = &counts;
   p.run(opts);
-  const TilePlan plan = plan_forward(d, n, n, opts, 1);
+  const TilePlan plan = plan_forward(PlanShape{d, d, n, n, 1, 2}, opts);
   *analytic = 2 * kv_bytes_per_kv_head(plan, 1, n, VisibleKeys{0, w, 0, n}, d);
   const std::uint64_t q_bytes = static_cast<std::uint64_t>(n * 2 * d) * sizeof(float);
   return counts.bytes_read - q_bytes;
@@ -213,7 +213,10 @@ TEST(WindowTraffic, KvBytesGrowWithTheWindowNotTheSequence) {
   EXPECT_EQ(wide, analytic_wide);
   const double per_row_short = static_cast<double>(short_seq) / 1024;
   const double per_row_long = static_cast<double>(long_seq) / 4096;
-  EXPECT_NEAR(per_row_long / per_row_short, 1.0, 0.05) << "K/V bytes per query row grew with N";
+  // Within 8%: the first query tiles of a sequence see fewer keys, a larger share of 1024
+  // rows than of 4096 (key tiles start at multiples of Bc, so each tile reads up to Bc - 1
+  // keys before its window).
+  EXPECT_NEAR(per_row_long / per_row_short, 1.0, 0.08) << "K/V bytes per query row grew with N";
   // And they grow with the window: (Br + 4w) / (Br + w) for Br = 64 is about 2.9.
   EXPECT_GT(static_cast<double>(wide) / static_cast<double>(short_seq), 2.0);
   // Far below full causal attention, which reads ~N/2 keys per row.
@@ -231,7 +234,7 @@ TEST(WindowTraffic, RightBoundOnlyReadsUpToTheLastVisibleKey) {
   IoCounts counts;
   opts.io_counts = &counts;
   p.run(opts);
-  const TilePlan plan = plan_forward(d, nq, nk, opts, 1);
+  const TilePlan plan = plan_forward(PlanShape{d, d, nq, nk, 1, 1}, opts);
   const std::uint64_t q_bytes = static_cast<std::uint64_t>(nq * d) * sizeof(float);
   EXPECT_EQ(counts.bytes_read - q_bytes,
             kv_bytes_per_kv_head(plan, 1, nq, VisibleKeys{0, -1, right, nk}, d));

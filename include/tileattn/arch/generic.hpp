@@ -1,7 +1,7 @@
 // tileattn/arch/generic.hpp: portable scalar micro-kernels: the reference every SIMD arch
 // file must match, and the fallback for targets without one.
 //
-// Every arch namespace provides the same six functions with the same contracts, so
+// Every arch namespace provides the same seven functions with the same contracts, so
 // ops/ can call `arch::native::` without knowing which one it got.
 #pragma once
 
@@ -38,14 +38,22 @@ inline float row_max(const float* x, index_t n) {
   return m;
 }
 
-/// x[j] = 2^(x[j] - shift) in place; returns the sum of the new values. x[j] = -inf gives 0.
-inline float exp2_shift_sum(float* x, index_t n, float shift) {
+/// x[j] = 2^(x[j] * scale - shift) in place, the product and the shift in one fused
+/// multiply-add; returns the sum of the new values. x[j] = -inf gives 0.
+inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
   float sum = 0.0f;
   for (index_t j = 0; j < n; ++j) {
-    x[j] = std::exp2(x[j] - shift);
+    x[j] = std::exp2(std::fma(x[j], scale, -shift));
     sum += x[j];
   }
   return sum;
+}
+
+/// True when no x[j] is Inf or NaN.
+inline bool all_finite(const float* x, index_t n) {
+  for (index_t j = 0; j < n; ++j)
+    if (!std::isfinite(x[j])) return false;
+  return true;
 }
 
 /// x[j] *= factor.

@@ -17,8 +17,9 @@ inline const char* to_string(Backend b) {
   return "unknown";
 }
 
-/// Per-call execution choice. num_threads <= 0 means the backend's default
-/// (all hardware threads). Results are bitwise identical for every choice.
+/// Per-call execution choice. num_threads == 0 means the backend's default (all hardware
+/// threads); at most max_threads. A call never starts more threads than it has work items.
+/// Results are bitwise identical for every choice.
 struct Execution {
   Backend backend = Backend::automatic;
   int num_threads = 0;

@@ -2,11 +2,12 @@
 // dispatching an Execution to the serial, OpenMP or oneTBB backend.
 //
 // Contract: body(item, worker) runs exactly once for each item in [0, count); worker is
-// in [0, worker_count(exec)) and no two concurrent bodies share a worker number, so a
+// in [0, worker_count(exec, count)) and no two concurrent bodies share a worker number, so a
 // kernel can give each worker its own scratch. Kernels write disjoint outputs per item,
 // which is why every backend and thread count gives bitwise identical results.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "tileattn/backend/execution.hpp"
@@ -14,6 +15,7 @@
 #include "tileattn/backend/serial.hpp"
 #include "tileattn/backend/tbb.hpp"
 #include "tileattn/core/error.hpp"
+#include "tileattn/core/limits.hpp"
 
 namespace tileattn {
 
@@ -51,7 +53,9 @@ namespace detail {
 inline void validate_execution(const Execution& exec) {
   require(backend_available(exec.backend), "backend",
           std::string("backend '") + to_string(exec.backend) + "' was not compiled in");
-  require(exec.num_threads >= 0, "num_threads", "must be >= 0 (0 means the backend default)");
+  require(exec.num_threads >= 0 && exec.num_threads <= max_threads, "num_threads",
+          "must be in [0, " + std::to_string(max_threads) + "] (0 means the backend default), got " +
+              std::to_string(exec.num_threads));
 }
 
 template <class Visitor>
@@ -69,17 +73,24 @@ decltype(auto) visit_backend(Backend b, Visitor&& visit) {
 
 }  // namespace detail
 
-/// How many distinct worker numbers parallel_for(exec, ...) may use.
+/// The threads `exec` asks for: num_threads, or the backend's default when it is 0.
 inline int worker_count(const Execution& exec) {
   return detail::visit_backend(exec.backend,
                                [&](auto be) { return be.worker_count(exec.num_threads); });
 }
 
+/// How many distinct worker numbers parallel_for(exec, count, ...) uses: the threads asked
+/// for, but never more than there are items.
+inline int worker_count(const Execution& exec, index_t count) {
+  const int workers = worker_count(exec);
+  return count < workers ? static_cast<int>(std::max<index_t>(count, 1)) : workers;
+}
+
 template <class Body>
 void parallel_for(const Execution& exec, index_t count, Body&& body) {
-  detail::visit_backend(exec.backend, [&](auto be) {
-    be.parallel_for(count, exec.num_threads, body);
-  });
+  if (count <= 0) return;
+  const int workers = worker_count(exec, count);
+  detail::visit_backend(exec.backend, [&](auto be) { be.parallel_for(count, workers, body); });
 }
 
 }  // namespace tileattn

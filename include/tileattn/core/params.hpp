@@ -83,8 +83,8 @@ template <class T>
 struct ForwardParams : ScoreOptions {
   TensorView<const T> q;  // [batch, seqlen_q, heads_q, head_dim]
   TensorView<const T> k;  // [batch, seqlen_k, heads_kv, head_dim]
-  TensorView<const T> v;  // [batch, seqlen_k, heads_kv, head_dim]
-  TensorView<T> o;        // [batch, seqlen_q, heads_q, head_dim]
+  TensorView<const T> v;  // [batch, seqlen_k, heads_kv, head_dim_v]
+  TensorView<T> o;        // [batch, seqlen_q, heads_q, head_dim_v]
   LseView lse;            // [batch, heads_q, seqlen_q]; data == nullptr: not written
   float softmax_scale = 1.0f;
   const std::int32_t* cu_seqlens_q = nullptr;  // varlen when set (batch of the views is 1)
@@ -96,7 +96,8 @@ struct ForwardParams : ScoreOptions {
   index_t heads() const { return q.shape[dim::heads]; }
   index_t heads_kv() const { return k.shape[dim::heads]; }
   index_t group_size() const { return heads() / heads_kv(); }
-  index_t head_dim() const { return q.shape[dim::head_dim]; }
+  index_t head_dim() const { return q.shape[dim::head_dim]; }    // Q and K
+  index_t head_dim_v() const { return v.shape[dim::head_dim]; }  // V and O
 
   SequenceRange sequence(index_t b) const {
     if (!varlen()) return {b, 0, q.shape[dim::seqlen], 0, k.shape[dim::seqlen]};

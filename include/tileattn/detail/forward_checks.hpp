@@ -9,7 +9,7 @@
 #include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/detail/view_checks.hpp"
-#include "tileattn/kernels/head_dim_dispatch.hpp"
+#include "tileattn/core/limits.hpp"
 
 namespace tileattn::detail {
 
@@ -26,6 +26,13 @@ inline constexpr std::array<const char*, 3> lse_dims{"batch", "heads", "seqlen_q
 inline constexpr std::array<const char*, 2> packed_lse_dims{"heads", "total_q"};
 inline constexpr std::array<const char*, 4> score_dims{"batch", "heads", "seqlen_q", "seqlen_k"};
 
+inline void check_head_dim(index_t value, const std::string& name) {
+  require(value >= 1 && value <= max_head_dim, name,
+          "must be in [1, " + std::to_string(max_head_dim) + "], got " + std::to_string(value));
+}
+
+/// q and k share head_dim, v and o share head_dim_v (which may differ, as in DeepSeek's
+/// multi-head latent attention); every other extent as the layout says.
 template <class T, int R>
 void check_qkvo(const StridedView<const T, R>& q, const StridedView<const T, R>& k,
                 const StridedView<const T, R>& v, const StridedView<T, R>& o,
@@ -41,11 +48,13 @@ void check_qkvo(const StridedView<const T, R>& q, const StridedView<const T, R>&
           dim_name("k", "shape", layout.heads, "heads"),
           "num_heads_q = " + std::to_string(q.shape[layout.heads]) +
               " must be a multiple of num_heads_kv = " + std::to_string(k.shape[layout.heads]));
-  for (int d = 0; d < R; ++d) check_same_extent(k, "k", v, "v", d, names[d]);
-  for (int d = 0; d < R; ++d) check_same_extent(q, "q", o, "o", d, names[d]);
-  const index_t head_dim = q.shape[layout.head_dim];
-  require(head_dim_supported(head_dim), "head_dim",
-          std::to_string(head_dim) + " is not supported (supported: 32, 64, 80, 96, 128, 256)");
+  for (int d = 0; d < R; ++d)
+    if (d != layout.head_dim) check_same_extent(k, "k", v, "v", d, names[d]);
+  for (int d = 0; d < R; ++d)
+    if (d != layout.head_dim) check_same_extent(q, "q", o, "o", d, names[d]);
+  check_same_extent(v, "v", o, "o", layout.head_dim, "head_dim_v");
+  check_head_dim(q.shape[layout.head_dim], "head_dim");
+  check_head_dim(v.shape[layout.head_dim], "head_dim_v");
 }
 
 /// An optional LSE output must have exactly the extents `want`.
@@ -59,33 +68,42 @@ void check_lse(const StridedView<float, R>& lse, const std::array<index_t, stati
             "must be " + std::to_string(want[d]) + ", got " + std::to_string(lse.shape[d]));
 }
 
-/// A bias or mask must be [B or 1, H or 1, seqlen_q, seqlen_k].
+/// A bias or mask must be [B or 1, H or 1, seqlen_q, seqlen_k]. An empty side of a
+/// variable-length batch (seqlen 0) takes an extent of 0 or 1 there; nothing is read.
 template <class V>
 void check_score_view(const V& v, const std::string& name, index_t batch, index_t heads,
                       index_t seqlen_q, index_t seqlen_k) {
   if (!v.data) return;
-  check_view(v, name, score_dims);
   const std::array<index_t, 4> want{batch, heads, seqlen_q, seqlen_k};
+  check_view(v, name, score_dims, {false, false, seqlen_q == 0, seqlen_k == 0});
   for (int d = 0; d < 4; ++d) {
-    const bool broadcast = d < 2 && v.shape[d] == 1;
+    const bool broadcast = (d < 2 || want[d] == 0) && v.shape[d] == 1;
     require(broadcast || v.shape[d] == want[d], dim_name(name, "shape", d, score_dims[d]),
-            std::string("must be ") + (d < 2 ? "1 or " : "") + std::to_string(want[d]) +
-                ", got " + std::to_string(v.shape[d]));
+            std::string("must be ") + (d < 2 || want[d] == 0 ? "1 or " : "") +
+                std::to_string(want[d]) + ", got " + std::to_string(v.shape[d]));
   }
 }
 
+/// Every entry finite (or -inf where allowed) and below `magnitude` in absolute value.
 inline void check_values(std::span<const float> values, const std::string& name,
-                         bool allow_minus_infinity) {
-  for (std::size_t i = 0; i < values.size(); ++i)
-    require(std::isfinite(values[i]) || (allow_minus_infinity && values[i] < 0 && std::isinf(values[i])),
-            name, "entry " + std::to_string(i) + " is not finite");
+                         bool allow_minus_infinity, double magnitude, const std::string& bound) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const float x = values[i];
+    require(std::isfinite(x) || (allow_minus_infinity && x < 0 && std::isinf(x)), name,
+            "entry " + std::to_string(i) + " is not finite");
+    require(!std::isfinite(x) || std::abs(static_cast<double>(x)) <= magnitude, name,
+            "entry " + std::to_string(i) + " = " + std::to_string(x) + " is too large: " + bound);
+  }
 }
 
 template <class T>
 void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, index_t seqlen_k,
                    const Execution& exec) {
-  require(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale",
-          "must be finite and > 0, got " + std::to_string(p.softmax_scale));
+  const double max_log = max_natural_log_magnitude;
+  require(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f && p.softmax_scale <= max_log,
+          "softmax_scale",
+          "must be finite, > 0 and at most " + std::to_string(max_log) +
+              " (scale * log2(e) must be a finite float), got " + std::to_string(p.softmax_scale));
   require(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
   require(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
   require(std::isfinite(p.softcap) && p.softcap >= 0.0f, "softcap",
@@ -95,13 +113,15 @@ void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, i
     require(n == p.heads() || n == batch * p.heads(), "alibi_slopes",
             "needs heads_q = " + std::to_string(p.heads()) + " or batch * heads_q = " +
                 std::to_string(batch * p.heads()) + " entries, got " + std::to_string(n));
-    check_values(p.alibi_slopes, "alibi_slopes", false);
+    const double distance = static_cast<double>(seqlen_q + seqlen_k);  // above any |i + offset - j|
+    check_values(p.alibi_slopes, "alibi_slopes", false, max_log / 4 / std::max(distance, 1.0),
+                 "|slope| * (seqlen_q + seqlen_k) must stay below " + std::to_string(max_log / 4));
   }
   if (!p.sinks.empty()) {
     require(static_cast<index_t>(p.sinks.size()) == p.heads(), "sinks",
             "needs heads_q = " + std::to_string(p.heads()) + " entries, got " +
                 std::to_string(p.sinks.size()));
-    check_values(p.sinks, "sinks", true);
+    check_values(p.sinks, "sinks", true, max_log, "|sink| * log2(e) must be a finite float");
   }
   check_score_view(p.bias, "bias", batch, p.heads(), seqlen_q, seqlen_k);
   check_score_view(p.mask, "mask", batch, p.heads(), seqlen_q, seqlen_k);

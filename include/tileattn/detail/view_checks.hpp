@@ -1,10 +1,12 @@
 // tileattn/detail/view_checks.hpp: argument checks on strided views (null data, sizes,
-// strides, shape agreement, memory overlap) that every public entry point shares.
+// strides, element counts and address ranges that must not overflow, shape agreement,
+// memory overlap) that every public entry point shares.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "tileattn/core/error.hpp"
@@ -12,18 +14,23 @@
 
 namespace tileattn::detail {
 
-/// Address range [begin, end) that a view's elements occupy.
+/// Address range [begin, end) that a view's elements occupy; empty for a view with an
+/// extent of 0. Only meaningful for views that passed check_view (no overflow).
 struct ByteSpan {
   std::uintptr_t begin = 0, end = 0;
-  bool overlaps(const ByteSpan& other) const { return begin < other.end && other.begin < end; }
+  bool empty() const { return begin == end; }
+  bool overlaps(const ByteSpan& other) const {
+    return !empty() && !other.empty() && begin < other.end && other.begin < end;
+  }
 };
 
 template <class T, int R>
 ByteSpan byte_span(const StridedView<T, R>& v) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(v.data);
+  if (v.empty()) return {begin, begin};
   index_t last = 0;
   for (int d = 0; d < R; ++d) last += (v.shape[d] - 1) * v.stride[d];
-  const auto begin = reinterpret_cast<std::uintptr_t>(v.data);
-  return {begin, begin + static_cast<std::uintptr_t>((last + 1) * sizeof(T))};
+  return {begin, begin + static_cast<std::uintptr_t>(last + 1) * sizeof(T)};
 }
 
 inline std::string dim_name(const std::string& view, const char* field, int d,
@@ -31,17 +38,44 @@ inline std::string dim_name(const std::string& view, const char* field, int d,
   return view + "." + field + "[" + std::to_string(d) + "] (" + meaning + ")";
 }
 
-/// Non-null data, every size > 0, every stride >= 0.
+/// Which extents of a view may be 0 (an empty side of a variable-length batch).
+template <int R>
+using EmptyExtents = std::array<bool, static_cast<std::size_t>(R)>;
+
+/// The view's element count and its address range both fit: the product of the extents
+/// and the last element's offset fit in int64, and its last byte in the address space.
+template <class T, int R>
+void check_view_fits(const StridedView<T, R>& v, const std::string& name) {
+  index_t count = 1, last = 0;
+  for (int d = 0; d < R; ++d) {
+    require(!__builtin_mul_overflow(count, v.shape[d], &count), name,
+            "has more than 2^63 elements (the product of its extents overflows)");
+    index_t reach = 0;
+    require(!__builtin_mul_overflow(std::max<index_t>(v.shape[d] - 1, 0), v.stride[d], &reach) &&
+                !__builtin_add_overflow(last, reach, &last),
+            name, "its extents and strides reach past 2^63 elements");
+  }
+  std::uintptr_t bytes = 0, end = 0;
+  require(!__builtin_mul_overflow(static_cast<std::uintptr_t>(last) + 1, sizeof(T), &bytes) &&
+              !__builtin_add_overflow(reinterpret_cast<std::uintptr_t>(v.data), bytes, &end),
+          name, "its extents and strides reach past the end of the address space");
+}
+
+/// Non-null data, every size > 0 (or >= 0 where `may_be_empty` says), every stride >= 0,
+/// and no overflow in its element count or address range.
 template <class T, int R>
 void check_view(const StridedView<T, R>& v, const std::string& name,
-                const std::array<const char*, static_cast<std::size_t>(R)>& dim_meanings) {
+                const std::array<const char*, static_cast<std::size_t>(R)>& dim_meanings,
+                const EmptyExtents<R>& may_be_empty = {}) {
   require(v.data != nullptr, name, "data is null");
   for (int d = 0; d < R; ++d) {
-    require(v.shape[d] > 0, dim_name(name, "shape", d, dim_meanings[d]),
-            "must be > 0, got " + std::to_string(v.shape[d]));
+    const bool empty_ok = may_be_empty[static_cast<std::size_t>(d)];
+    require(v.shape[d] > 0 || (empty_ok && v.shape[d] == 0), dim_name(name, "shape", d, dim_meanings[d]),
+            std::string("must be ") + (empty_ok ? ">= 0" : "> 0") + ", got " + std::to_string(v.shape[d]));
     require(v.stride[d] >= 0, dim_name(name, "stride", d, dim_meanings[d]),
             "must be >= 0, got " + std::to_string(v.stride[d]));
   }
+  check_view_fits(v, name);
 }
 
 /// a.shape[d] == b.shape[d], named after b.

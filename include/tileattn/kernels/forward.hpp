@@ -33,21 +33,20 @@ inline constexpr bool prefetch_next_kv_tile = true;
 #endif
 
 /// Everything one forward work item keeps in SRAM. Footprint: forward_working_set_bytes.
-template <index_t D>
 struct ForwardTiles {
-  Tile<float, D> q;       // (Br, D) packed queries, scaled into log2 units
-  Tile<float> k_t;        // (D, Bc) keys, transposed
-  Tile<float, D> v;       // (Bc, D) values
+  Tile<float> q;          // (Br, d) packed queries
+  Tile<float> k_t;        // (d, Bc) keys, transposed
+  Tile<float> v;          // (Bc, dv) values
   Tile<float> s;          // (Br, Bc) scores, then probabilities
-  Tile<float, D> o;       // (Br, D) output accumulator
+  Tile<float> o;          // (Br, dv) output accumulator
   ops::RowStats stats;    // (Br) running max and sum
   TileVector<float> lse;  // (Br)
 
-  static ForwardTiles carve(ScratchArena& arena, const TilePlan& plan) {
+  static ForwardTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
     const index_t br = plan.packed_rows(), bc = plan.key_tile_rows;
-    return {Tile<float, D>::carve(arena, br), Tile<float>::carve(arena, D, bc),
-            Tile<float, D>::carve(arena, bc),  Tile<float>::carve(arena, br, bc),
-            Tile<float, D>::carve(arena, br),  ops::RowStats::carve(arena, br),
+    return {Tile<float>::carve(arena, br, d),  Tile<float>::carve(arena, d, bc),
+            Tile<float>::carve(arena, bc, dv), Tile<float>::carve(arena, br, bc),
+            Tile<float>::carve(arena, br, dv), ops::RowStats::carve(arena, br),
             TileVector<float>::carve(arena, br)};
   }
 };
@@ -62,24 +61,31 @@ MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_
   return m;
 }
 
-/// One key tile's work for the packed rows `rows`, which start at row first_row of the tiles.
-template <index_t D, class Io>
-void attend_key_tile(ForwardTiles<D>& t, const ops::ScoreModifiers& mods,
-                     const ops::PackedRows& rows, index_t first_row, index_t col0, Io& io) {
+/// One key tile's work for the packed rows `rows`, which start at row first_row of the
+/// tiles. A V tile with an Inf or NaN takes the row-by-row path that never multiplies it
+/// by the zero probability of a masked key.
+template <class Io>
+void attend_key_tile(ForwardTiles& t, const ops::ScoreModifiers& mods,
+                     const ops::PackedRows& rows, index_t first_row, index_t col0,
+                     bool values_finite, Io& io) {
   if (rows.count() == 0) return;
-  const Tile<float, D> q = t.q.slice_rows(first_row, rows.count());
-  Tile<float, D> o = t.o.slice_rows(first_row, rows.count());
+  const Tile<float> q = t.q.slice_rows(first_row, rows.count());
+  Tile<float> o = t.o.slice_rows(first_row, rows.count());
   Tile<float> s = t.s.slice_rows(first_row, rows.count());
   ops::RowStats stats = t.stats.slice(first_row, rows.count());
-  ops::matmul(s, q, t.k_t);                                        // (rows, Bc)
-  mods.apply(s, rows, col0, io);                                   // softcap, masks, biases
-  ops::online_softmax_step(s, stats, o);                           // s := P (rows, Bc)
-  ops::matmul_accumulate(o, s, t.v);                               // (rows, D)
+  ops::matmul(s, q, t.k_t);                                        // (rows, Bc) raw scores
+  mods.apply(s, rows, col0, io);                                   // softcap, biases, masks
+  if (values_finite) {
+    ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (rows, Bc)
+    ops::matmul_accumulate(o, s, t.v);                             // (rows, dv)
+  } else {
+    ops::online_softmax_step_visible_values(s, stats, o, t.v, mods.to_log2());
+  }
 }
 
-template <index_t D, class Io>
+template <class Io>
 void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
-                         const QueryBlock& blk, ForwardTiles<D>& t, Io& io) {
+                         const QueryBlock& blk, ForwardTiles& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
   const ops::PackedRows& rows = blk.rows;
@@ -90,39 +96,41 @@ void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
   const auto k = sequence_matrix(p.k, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
   const auto v = sequence_matrix(p.v, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
 
-  for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, D) per head
-    Tile<float, D> q_head = t.q.slice_rows(g * rows.positions, rows.positions);
+  for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, d) per head
+    Tile<float> q_head = t.q.slice_rows(g * rows.positions, rows.positions);
     load_rows(q_head, q_of(p.q, g), rows.position0, rows.positions, io);
   }
-  t.q.set_extent(rows.count());                                    // (Br, D)
-  ops::scale(t.q, p.softmax_scale * log2e);                        // scores in log2 units
-  t.o.set_extent(rows.count());                                    // (Br, D)
+  t.q.set_extent(rows.count(), p.head_dim());                      // (Br, d)
+  t.o.set_extent(rows.count(), p.head_dim_v());                    // (Br, dv)
   ops::fill(t.o, 0.0f);
   t.stats.reset(rows.count());
 
+  // Key tiles start at multiples of Bc, so each row meets the same tiles whatever query
+  // tile it is in: results do not depend on the packing or the thread count.
+  const index_t bc = plan.key_tile_rows;
   const index_t key_end = mods.window().end(rows.position0 + rows.positions - 1);
-  for (index_t col0 = mods.window().first(rows.position0); col0 < key_end;
-       col0 += plan.key_tile_rows) {
-    const index_t cols = std::min(plan.key_tile_rows, key_end - col0);
-    load_rows_transposed(t.k_t, k, col0, cols, io);                // (D, Bc)
-    load_rows(t.v, v, col0, cols, io);                             // (Bc, D)
+  for (index_t col0 = mods.window().first(rows.position0) / bc * bc; col0 < key_end; col0 += bc) {
+    const index_t cols = std::min(bc, key_end - col0);
+    load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
+    load_rows(t.v, v, col0, cols, io);                             // (Bc, dv)
     if (const index_t next = col0 + cols; prefetch_next_kv_tile && next < key_end) {
-      prefetch_rows(k, next, std::min(plan.key_tile_rows, key_end - next));
-      prefetch_rows(v, next, std::min(plan.key_tile_rows, key_end - next));
+      prefetch_rows(k, next, std::min(bc, key_end - next));
+      prefetch_rows(v, next, std::min(bc, key_end - next));
     }
+    const bool values_finite = ops::all_finite(t.v);
     const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
     if (hi - lo == rows.positions) {
-      attend_key_tile(t, mods, rows, 0, col0, io);                 // every packed row
+      attend_key_tile(t, mods, rows, 0, col0, values_finite, io);  // every packed row
     } else {                                                       // rows masked off are not computed
       for (index_t g = 0; g < rows.heads; ++g)
         attend_key_tile(t, mods, {rows.head0 + g, 1, lo, hi - lo},
-                        g * rows.positions + lo - rows.position0, col0, io);
+                        g * rows.positions + lo - rows.position0, col0, values_finite, io);
     }
   }
 
   for (index_t g = 0; g < rows.heads; ++g) {                       // o /= l, lse; store
     const index_t r0 = g * rows.positions, head = rows.head0 + g;
-    Tile<float, D> o_head = t.o.slice_rows(r0, rows.positions);
+    Tile<float> o_head = t.o.slice_rows(r0, rows.positions);
     const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
     ops::finalize_rows(o_head, t.stats.slice(r0, rows.positions), t.lse.data() + r0,
                        p.sinks.empty() ? nullptr : &sink);
@@ -134,13 +142,15 @@ void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
 }
 
 /// Runs every work item under `exec`; returns the HBM traffic counted (zero unless Io counts).
-template <index_t D, class Io>
+/// Each worker's scratch holds exactly the plan's working set.
+template <class Io>
 IoCounts run_forward(const ForwardParams<float>& p, const TilePlan& plan, const Execution& exec) {
   const ForwardWorkList work(p, plan);
-  std::vector<Io> io(static_cast<std::size_t>(worker_count(exec)));
+  std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
   parallel_for(exec, work.size(), [&](index_t item, int worker) {
-    auto tiles = ForwardTiles<D>::carve(worker_scratch(plan.sram_budget_bytes), plan);
-    forward_query_block<D>(p, plan, work[item], tiles, io[static_cast<std::size_t>(worker)]);
+    auto tiles = ForwardTiles::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(),
+                                     p.head_dim_v());
+    forward_query_block(p, plan, work[item], tiles, io[static_cast<std::size_t>(worker)]);
   });
   IoCounts total;
   if constexpr (Io::enabled)

@@ -1,20 +1,27 @@
-// tileattn/kernels/tile_plan.hpp: the tile planner: query- and key-tile sizes from the SRAM
-// budget and head_dim, and the exact working set the forward kernel carves for them.
+// tileattn/kernels/tile_plan.hpp: the tile planner: how many query positions and query
+// heads a tile packs and how many keys it streams, from the SRAM budget, the head dims,
+// the sequence lengths, the GQA group and the workers; and the exact working set the
+// forward kernel carves for a plan.
 //
-// Rule (docs/design.md). FlashAttention-1, for an SRAM of M floats, gives the tile it keeps
-// resident across the inner loop M / (4 d) rows and the tile it streams min(that, d) rows:
-//   Bc = ceil(M / (4 d)),  Br = min(Bc, d)      (K/V resident, Q streamed in FA1's order)
-// FlashAttention-2 swaps the loops: the query tile stays resident while K/V stream past it,
-// so the same rule, mapped to FA2's order, is
-//   Br = ceil(M / (4 d)),  Bc = min(Br, d).
-// K/V are then read N / Br times instead of N / d times, which is what makes the HBM
-// traffic Theta(N^2 d^2 / M) rather than Theta(N^2) (docs/design.md measures both).
-// Br counts packed rows: grouped-query attention packs the query heads sharing one K/V
-// head into the tile (heads_per_tile x query_tile_rows positions), so each K/V tile is
-// loaded once per group. Each extent is clamped to its sequence (one tile when it fits),
-// else rounded down to the SIMD granules; then the plan shrinks until the exact working
-// set fits the budget: the streamed Bc first (it costs no traffic) down to 64 keys, then
-// the positions, then the heads of a group, then Bc down to 1.
+// Rule (docs/design.md, section 2). A work item keeps a tile of R packed query rows
+// (P positions x Hc query heads of one K/V group) resident and streams K/V past it in
+// tiles of Bc keys (FlashAttention-2's loop order). Q and O move once whatever the plan;
+// K and V move once per work item, and a (sequence, K/V head) has ceil(Nq / P) x
+// ceil(G / Hc) items. So the planner picks, among the plans whose working set fits the
+// budget, the one with the fewest items per (sequence, K/V head):
+//   1. Bc candidates: FlashAttention's streamed-tile rule Bc = min(ceil(M / 2(d + dv)), d)
+//      (M: the budget in floats) and every multiple of 16 down to min(64, Nk) (or to the
+//      rule, when d < 64), so the micro-kernels keep rows of at least 64 scores. Only when
+//      not even a 64-key tile fits, every Bc below (multiples of 16, and 1).
+//   2. For each Bc, the rows that fit, R; for each split of the group into equal chunks
+//      (Hc = ceil(G / chunks)), P = min(Nq, R / Hc) and items = ceil(Nq / P) x chunks.
+//   3. The fewest items wins; ties go to the larger Bc, then to fewer chunks.
+//   4. Query tiles are balanced (P = ceil(Nq / tiles), rounded up to 8 rows where it fits).
+//   5. Parallelism: when (batch x heads_kv x chunks x tiles) gives more than one worker
+//      fewer than 4 items each, query tiles are split further, down to 64 packed rows. K/V traffic grows by
+//      the same factor as the tile count (docs/design.md).
+// Results do not depend on P or Hc (key tiles sit at multiples of Bc, and rows never mix),
+// so splitting for the worker count keeps every thread count bitwise identical.
 #pragma once
 
 #include <algorithm>
@@ -27,71 +34,147 @@
 namespace tileattn {
 
 struct TilePlan {
-  index_t query_tile_rows = 0;  // query positions per tile (Br without GQA packing)
+  index_t query_tile_rows = 0;  // query positions per tile (P)
   index_t key_tile_rows = 0;    // Bc in the FlashAttention papers
-  index_t heads_per_tile = 1;   // query heads of one K/V group packed into a tile
+  index_t heads_per_tile = 1;   // query heads of one K/V group packed into a tile (Hc)
   std::size_t sram_budget_bytes = 0;
   std::size_t working_set_bytes = 0;
 
-  /// Rows of the packed query, score and output tiles.
+  /// Rows of the packed query, score and output tiles (Br).
   index_t packed_rows() const { return query_tile_rows * heads_per_tile; }
   index_t query_tiles(index_t seqlen_q) const {
     return (seqlen_q + query_tile_rows - 1) / query_tile_rows;
   }
+  index_t head_chunks(index_t group_size) const {
+    return (group_size + heads_per_tile - 1) / heads_per_tile;
+  }
+};
+
+/// What the planner needs to know of a call.
+struct PlanShape {
+  index_t head_dim = 0;    // Q and K
+  index_t head_dim_v = 0;  // V and O (0: head_dim)
+  index_t seqlen_q = 0;    // the longest sequence for variable-length batches
+  index_t seqlen_k = 0;
+  index_t group_size = 1;  // query heads per K/V head
+  index_t kv_streams = 1;  // independent (sequence, K/V head) pairs: batch x heads_kv
+
+  index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
 namespace detail {
 inline constexpr index_t key_tile_granule = 16;   // one AVX-512 vector of fp32 scores
 inline constexpr index_t query_tile_granule = 8;  // rows of the micro-kernels' register block
-inline constexpr index_t min_streamed_keys = 64;  // below this the score tile's rows get too short
+inline constexpr index_t min_streamed_keys = 64;  // shorter score rows slow the micro-kernels
+inline constexpr index_t items_per_worker = 4;    // enough to even out unequal items
+inline constexpr index_t min_split_rows = 64;     // splitting for parallelism stops here
 
-constexpr index_t round_down_to(index_t value, index_t granule) {
-  return value >= granule ? value / granule * granule : value;
-}
-
-/// min(rule, seqlen) rounded down to the granule, unless one tile then covers the sequence.
-constexpr index_t fit_to_sequence(index_t rule, index_t seqlen, index_t granule) {
-  return rule >= seqlen ? std::max<index_t>(seqlen, 1) : round_down_to(rule, granule);
-}
-
-constexpr index_t shrink(index_t value, index_t granule) {
-  return value > granule ? round_down_to(value - 1, granule) : value - 1;
-}
+constexpr index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 }  // namespace detail
 
-/// Bytes the forward kernel carves for br packed query rows and bc keys: Q, O (br x d),
-/// K^T (d x bc), V (bc x d), S (br x bc), and three per-row vectors (max, sum, lse).
-constexpr std::size_t forward_working_set_bytes(index_t br, index_t bc, index_t head_dim) {
+/// Bytes the forward kernel carves for br packed query rows and bc keys: Q (br x d),
+/// O (br x dv), K^T (d x bc), V (bc x dv), S (br x bc), and three per-row vectors (max,
+/// sum, lse).
+constexpr std::size_t forward_working_set_bytes(index_t br, index_t bc, index_t head_dim,
+                                                index_t head_dim_v) {
   using FloatTile = Tile<float>;
-  return 2 * FloatTile::footprint(br, head_dim) + FloatTile::footprint(head_dim, bc) +
-         FloatTile::footprint(bc, head_dim) + FloatTile::footprint(br, bc) +
-         3 * TileVector<float>::footprint(br);
+  return FloatTile::footprint(br, head_dim) + FloatTile::footprint(br, head_dim_v) +
+         FloatTile::footprint(head_dim, bc) + FloatTile::footprint(bc, head_dim_v) +
+         FloatTile::footprint(br, bc) + 3 * TileVector<float>::footprint(br);
 }
 
-/// Plans the forward tiles for query heads in groups of `group_size` sharing a K/V head;
-/// throws budget_error ("sram_budget_bytes") if not even one row and one key fit.
-inline TilePlan plan_forward_tiles(index_t head_dim, index_t seqlen_q, index_t seqlen_k,
-                                   std::size_t sram_budget_bytes, index_t group_size = 1) {
-  using namespace detail;
-  const index_t budget_floats = static_cast<index_t>(sram_budget_bytes / sizeof(float));
-  const index_t br_rule = std::max<index_t>(1, (budget_floats + 4 * head_dim - 1) / (4 * head_dim));
-  const index_t bc_rule = std::min(br_rule, head_dim);
-  index_t heads = group_size;
-  index_t rows = fit_to_sequence(std::max<index_t>(1, br_rule / heads), seqlen_q, query_tile_granule);
-  index_t bc = fit_to_sequence(bc_rule, seqlen_k, key_tile_granule);
-  while (forward_working_set_bytes(rows * heads, bc, head_dim) > sram_budget_bytes) {
-    if (bc > min_streamed_keys) bc = shrink(bc, key_tile_granule);
-    else if (rows > 1) rows = shrink(rows, query_tile_granule);
-    else if (heads > 1) --heads;
-    else if (bc > 1) bc = shrink(bc, key_tile_granule);
-    else
-      throw budget_error("sram_budget_bytes",
-                         std::to_string(sram_budget_bytes) + " bytes cannot hold even 1 x 1 " +
-                             "tiles at head_dim " + std::to_string(head_dim) + " (" +
-                             std::to_string(forward_working_set_bytes(1, 1, head_dim)) +
-                             " bytes needed)");
+/// The same with V and O as wide as Q and K.
+constexpr std::size_t forward_working_set_bytes(index_t br, index_t bc, index_t head_dim) {
+  return forward_working_set_bytes(br, bc, head_dim, head_dim);
+}
+
+namespace detail {
+
+/// The most packed rows whose working set with bc keys fits the budget (0: none).
+constexpr index_t rows_that_fit(index_t bc, index_t d, index_t dv, std::size_t budget) {
+  const std::size_t fixed = forward_working_set_bytes(0, bc, d, dv);  // K^T and V
+  if (forward_working_set_bytes(1, bc, d, dv) > budget) return 0;
+  const auto lds = Tile<float>::leading_dim(d) + Tile<float>::leading_dim(dv) +
+                   Tile<float>::leading_dim(bc);
+  const auto per_row = static_cast<std::size_t>(lds + 3) * sizeof(float);  // + max, sum, lse
+  auto rows = static_cast<index_t>((budget - fixed) / per_row);  // at most a few rows too many:
+  while (forward_working_set_bytes(rows, bc, d, dv) > budget) --rows;  // vectors round to lines
+  return rows;
+}
+
+struct Packing {
+  index_t items = 0;  // work items per (sequence, K/V head); 0: nothing fits
+  index_t heads = 0, positions = 0, query_tiles = 0, bc = 0;
+};
+
+/// The packing of `rows` rows that needs the fewest items, chunks of equal size first.
+constexpr Packing best_packing(index_t rows, index_t bc, index_t nq, index_t group) {
+  Packing best;
+  for (index_t chunks = 1; chunks <= group; ++chunks) {
+    const index_t heads = ceil_div(group, chunks);
+    if (heads > rows || ceil_div(group, heads) != chunks) continue;  // one try per chunk size
+    const index_t positions = std::min(nq, rows / heads);
+    const index_t tiles = ceil_div(nq, positions);
+    if (best.items == 0 || tiles * chunks < best.items)
+      best = {tiles * chunks, heads, positions, tiles, bc};
   }
-  return {rows, bc, heads, sram_budget_bytes, forward_working_set_bytes(rows * heads, bc, head_dim)};
+  return best;
+}
+
+/// The best packing over key tiles hi, the multiples of 16 below it, and lo (Bc strictly
+/// between two of them needs a wider K^T row than the multiple below, for no gain).
+constexpr Packing search_key_tiles(index_t hi, index_t lo, const PlanShape& s, index_t nq,
+                                   std::size_t budget) {
+  Packing best;
+  if (hi < lo) return best;
+  const auto consider = [&](index_t bc) {
+    const index_t rows = rows_that_fit(bc, s.head_dim, s.value_dim(), budget);
+    if (rows == 0) return;
+    const Packing p = best_packing(rows, bc, nq, s.group_size);
+    if (best.items == 0 || p.items < best.items) best = p;  // ties keep the larger Bc
+  };
+  consider(hi);
+  for (index_t bc = (hi - 1) / key_tile_granule * key_tile_granule; bc > lo; bc -= key_tile_granule)
+    consider(bc);
+  if (lo < hi) consider(lo);
+  return best;
+}
+
+}  // namespace detail
+
+/// Plans the forward tiles of `shape` for `workers` threads under an SRAM budget; throws
+/// budget_error ("sram_budget_bytes") if not even one row and one key fit.
+inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, int workers = 1) {
+  using namespace detail;
+  const index_t d = shape.head_dim, dv = shape.value_dim();
+  const index_t nq = std::max<index_t>(shape.seqlen_q, 1), nk = std::max<index_t>(shape.seqlen_k, 1);
+  const auto floats = static_cast<index_t>(budget / sizeof(float));
+  const index_t bc_rule = std::min(std::max<index_t>(1, ceil_div(floats, 2 * (d + dv))), d);
+  const index_t fast = std::min(nk, min_streamed_keys);
+  PlanShape s = shape;
+  s.group_size = std::max<index_t>(shape.group_size, 1);
+  const Packing best = rows_that_fit(fast, d, dv, budget) > 0
+                           ? search_key_tiles(std::max(fast, std::min(nk, bc_rule)),
+                                              std::min(fast, bc_rule), s, nq, budget)
+                           : search_key_tiles(fast - 1, 1, s, nq, budget);  // empty when fast == 1
+  if (best.items == 0)
+    throw budget_error("sram_budget_bytes",
+                       std::to_string(budget) + " bytes cannot hold even 1 x 1 tiles at head_dim " +
+                           std::to_string(d) + " (" +
+                           std::to_string(forward_working_set_bytes(1, 1, d, dv)) + " bytes needed)");
+
+  index_t tiles = best.query_tiles;
+  const index_t streams = std::max<index_t>(shape.kv_streams, 1) * (best.items / best.query_tiles);
+  const index_t wanted = items_per_worker * std::max(workers, 1);
+  if (workers > 1 && streams * tiles < wanted) {  // split query tiles, not below 64 rows
+    const index_t floor_positions = std::min(nq, ceil_div(min_split_rows, best.heads));
+    tiles = std::max(tiles, std::min(ceil_div(wanted, streams), ceil_div(nq, floor_positions)));
+  }
+  index_t positions = ceil_div(nq, tiles);  // balanced tiles
+  const index_t rounded = ceil_div(positions, query_tile_granule) * query_tile_granule;
+  if (rounded < nq && rounded <= best.positions) positions = rounded;
+  const index_t rows = positions * best.heads;
+  return {positions, best.bc, best.heads, budget, forward_working_set_bytes(rows, best.bc, d, dv)};
 }
 
 }  // namespace tileattn

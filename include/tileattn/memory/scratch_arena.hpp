@@ -1,6 +1,7 @@
 // tileattn/memory/scratch_arena.hpp: one worker's SRAM: a byte budget that every tile is carved from.
 #pragma once
 
+#include <cassert>
 #include <cstddef>
 #include <cstdlib>
 #include <memory>
@@ -17,16 +18,19 @@ constexpr std::size_t round_up_to_line(std::size_t bytes) {
   return (bytes + cache_line_bytes - 1) / cache_line_bytes * cache_line_bytes;
 }
 
-/// A worker's scratch. Owns exactly `budget` bytes (cache-line aligned); carve() hands out
-/// cache-line-aligned pieces and throws budget_error past the budget. reset() frees all
-/// pieces at once, between work items.
+/// A worker's scratch: `capacity()` bytes allocated (cache-line aligned) and a byte budget
+/// of at most that much. carve() hands out cache-line-aligned pieces and throws
+/// budget_error past the budget. reset() frees all pieces at once, between work items, and
+/// may set a new budget within the capacity.
 class ScratchArena {
  public:
   explicit ScratchArena(std::size_t budget_bytes)
-      : budget_(round_up_to_line(budget_bytes)),
+      : capacity_(round_up_to_line(budget_bytes)),
+        budget_(capacity_),
         storage_(static_cast<std::byte*>(
-            budget_ ? std::aligned_alloc(cache_line_bytes, budget_) : nullptr)) {
-    if (budget_ && !storage_) throw std::bad_alloc();
+            capacity_ ? std::aligned_alloc(cache_line_bytes, capacity_) : nullptr)) {
+    if (capacity_ < budget_bytes) throw std::bad_alloc();  // the rounding wrapped around
+    if (capacity_ && !storage_) throw std::bad_alloc();
   }
 
   template <class T>
@@ -44,6 +48,13 @@ class ScratchArena {
   }
 
   void reset() { used_ = 0; }
+  /// Frees every piece and makes the budget `budget_bytes` (rounded to lines, <= capacity).
+  void reset(std::size_t budget_bytes) {
+    assert(round_up_to_line(budget_bytes) <= capacity_);
+    budget_ = round_up_to_line(budget_bytes);
+    used_ = 0;
+  }
+  std::size_t capacity() const { return capacity_; }
   std::size_t budget() const { return budget_; }
   std::size_t used() const { return used_; }
   std::size_t high_water() const { return high_water_; }
@@ -52,6 +63,7 @@ class ScratchArena {
   struct Free {
     void operator()(std::byte* p) const { std::free(p); }
   };
+  std::size_t capacity_;
   std::size_t budget_;
   std::unique_ptr<std::byte, Free> storage_;
   std::size_t used_ = 0;
@@ -62,14 +74,15 @@ class ScratchArena {
 
 namespace tileattn {
 
-/// The calling thread's scratch, holding at least `budget_bytes` (made or regrown on first
-/// use, then kept for later calls so that a kernel call allocates nothing). Each worker
-/// thread owns one; a kernel resets it per work item.
+/// The calling thread's scratch with a budget of `budget_bytes` (a kernel passes its plan's
+/// working set, not the whole SRAM budget). Made on first use and regrown only when a call
+/// needs more, then kept for later calls, so that a kernel call allocates nothing: each
+/// worker thread holds the largest working set it has run. A kernel resets it per work item.
 inline ScratchArena& worker_scratch(std::size_t budget_bytes) {
   thread_local std::unique_ptr<ScratchArena> arena;
-  if (!arena || arena->budget() != round_up_to_line(budget_bytes))
+  if (!arena || arena->capacity() < round_up_to_line(budget_bytes))
     arena = std::make_unique<ScratchArena>(budget_bytes);
-  arena->reset();
+  arena->reset(budget_bytes);
   return *arena;
 }
 

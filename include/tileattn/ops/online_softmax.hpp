@@ -2,14 +2,24 @@
 // running row max and sum, rescaling of the output accumulator, the final normalization
 // and log-sum-exp.
 //
-// Scores arrive in log2 units (the kernel folds softmax_scale * log2(e) into Q once per
-// tile), so every exponential is a cheap 2^x.
+// Units. The running max and the sum live in log2 units (softmax_scale * log2(e) times a
+// raw score), so every exponential is a cheap 2^x. Score tiles arrive either raw (Q K^T)
+// or already in log2 units (when a score modifier converted them); the step takes the
+// factor `to_log2` that turns them into log2 units and applies it inside the exponent's
+// fused multiply-add, 2^(s * to_log2 - max), as FlashAttention does: Q is never rounded
+// after a scaling, and the plain path costs no extra pass over S.
+//
+// NaN and masking. A masked score is -inf and adds nothing. A NaN score that a row sees
+// makes the row's O and LSE NaN, whatever the tiling: when every score a row has seen is
+// -inf or NaN the running max stays -inf, so the step checks for NaN itself there and
+// poisons the running sum.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <vector>
 
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/tile.hpp"
@@ -17,9 +27,10 @@
 namespace tileattn::ops {
 
 inline constexpr float negative_infinity = -std::numeric_limits<float>::infinity();
+inline constexpr float quiet_nan = std::numeric_limits<float>::quiet_NaN();
 
-/// Per-row running statistics of one query tile: max of scores seen (log2 units) and the
-/// sum of 2^(score - max).
+/// Per-row running statistics of one query tile: max of the scores seen (log2 units) and
+/// the sum of 2^(score - max); a NaN sum marks a row that saw a NaN score.
 struct RowStats {
   TileVector<float> max;
   TileVector<float> sum;
@@ -49,19 +60,36 @@ void scale(AnyTile& t, float factor) {
   for (index_t r = 0; r < t.rows(); ++r) arch::native::scale(t.row(r), t.cols(), factor);
 }
 
-/// One key tile's step: s becomes P = 2^(s - new max); stats and the output accumulator o
-/// are rescaled by 2^(old max - new max). Rows with every score so far masked keep P = 0.
+/// True when no element of the tile is Inf or NaN.
+template <class AnyTile>
+bool all_finite(const AnyTile& t) {
+  for (index_t r = 0; r < t.rows(); ++r)
+    if (!arch::native::all_finite(t.row(r), t.cols())) return false;
+  return true;
+}
+
+namespace detail {
+/// A row that has seen nothing but -inf and NaN scores: P = 0, and a NaN poisons the sum.
+[[gnu::noinline, gnu::cold]] inline void mask_row(float* p, index_t n, float& sum) {
+  if (std::any_of(p, p + n, [](float x) { return std::isnan(x); })) sum = quiet_nan;
+  std::fill_n(p, n, 0.0f);
+}
+}  // namespace detail
+
+/// One key tile's step: s (scores times 1 / to_log2 in log2 units) becomes
+/// P = 2^(s * to_log2 - new max); stats and the output accumulator o are rescaled by
+/// 2^(old max - new max). Rows whose scores so far are all masked keep P = 0.
 template <class ScoreTile, class AccTile>
-void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o) {
+void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log2) {
   for (index_t i = 0; i < s.rows(); ++i) {
     float* p = s.row(i);
     const float old_max = stats.max[i];
-    const float new_max = std::max(old_max, arch::native::row_max(p, s.cols()));
-    if (new_max == negative_infinity) {
-      std::fill_n(p, s.cols(), 0.0f);
+    const float new_max = std::max(old_max, arch::native::row_max(p, s.cols()) * to_log2);
+    if (new_max == negative_infinity) {  // nothing seen but -inf and NaN
+      detail::mask_row(p, s.cols(), stats.sum[i]);
       continue;
     }
-    const float row_sum = arch::native::exp2_shift_sum(p, s.cols(), new_max);
+    const float row_sum = arch::native::exp2_shift_sum(p, s.cols(), to_log2, new_max);
     if (old_max != new_max) {
       const float correction = arch::native::exp2(old_max - new_max);
       stats.sum[i] *= correction;
@@ -72,9 +100,35 @@ void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o) {
   }
 }
 
+/// The step and o += P V for a V tile that holds an Inf or a NaN: row by row, P V sums only
+/// the keys the row sees (score != -inf), so such a value reaches exactly the rows that see
+/// its key, never a row that a mask hides it from (0 * NaN), whatever the tiling. Each
+/// row's sum runs over the keys in order with fused multiply-adds, as the micro-kernels'.
+template <class ScoreTile, class AccTile, class ValueTile>
+void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& o,
+                                        const ValueTile& v, float to_log2) {
+  thread_local std::vector<unsigned char> visible;  // one row's keys: this rare path's only buffer
+  visible.resize(static_cast<std::size_t>(s.cols()));
+  for (index_t i = 0; i < s.rows(); ++i) {
+    ScoreTile s_row = s.slice_rows(i, 1);
+    AccTile o_row = o.slice_rows(i, 1);
+    RowStats row_stats = stats.slice(i, 1);
+    const float* p = s_row.row(0);
+    for (index_t j = 0; j < s.cols(); ++j) visible[static_cast<std::size_t>(j)] = p[j] != negative_infinity;
+    online_softmax_step(s_row, row_stats, o_row, to_log2);
+    float* out = o_row.row(0);
+    for (index_t j = 0; j < s.cols(); ++j) {
+      if (!visible[static_cast<std::size_t>(j)]) continue;
+      const float* vj = v.row(j);
+      for (index_t c = 0; c < o_row.cols(); ++c) out[c] = std::fma(p[j], vj[c], out[c]);
+    }
+  }
+}
+
 /// Deferred normalization: o /= sum, and lse = ln(sum) + max in natural-log units. A sink
 /// (a logit in log2 units that joins the denominator without a value; -inf: none) may be given. Rows
-/// that saw no unmasked key get o = 0 and lse = -inf (or the sink's logit).
+/// that saw no unmasked key get o = 0 and lse = -inf (or the sink's logit); rows that saw
+/// a NaN get NaN.
 template <class AccTile>
 void finalize_rows(AccTile& o, const RowStats& stats, float* lse, const float* sink = nullptr) {
   constexpr float ln2 = std::numbers::ln2_v<float>;

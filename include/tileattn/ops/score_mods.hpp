@@ -1,10 +1,13 @@
 // tileattn/ops/score_mods.hpp: what happens to a score tile between Q K^T and the softmax:
-// softcap, the causal / sliding-window mask, a boolean mask, an additive bias and ALiBi,
-// in FlashAttention's order (softcap, then masks, then biases).
+// softcap, an additive bias and ALiBi, then the causal / sliding-window mask and a boolean
+// mask. Masking last means a masked score is exactly -inf whatever a bias says there; for
+// every visible score this is FlashAttention's order (softcap, masks, biases).
 //
 // A score tile's rows are "packed": rows [g * positions, (g + 1) * positions) hold query
 // head head0 + g at positions position0 ... (GQA packs a group of query heads that share
-// K/V into one tile). Scores are in log2 units (scaled by softmax_scale * log2(e)).
+// K/V into one tile). Scores arrive raw (Q K^T). A modifier that changes values (softcap,
+// bias, ALiBi) first turns them into log2 units (times softmax_scale * log2(e)) in the same
+// pass; to_log2() tells the softmax which units the tile is in afterwards.
 #pragma once
 
 #include <algorithm>
@@ -26,10 +29,13 @@ struct KeyWindow {
   index_t right = -1;  // -1: unbounded
   index_t k_len = 0;
 
-  /// The window of sequence `seq` under params p (alignment, window, causal).
+  /// The window of sequence `seq` under params p (alignment, window, causal). A side at
+  /// least q_len + k_len wide is unbounded: no distance i + offset - j reaches it, and the
+  /// positions below never overflow.
   template <class T>
   static KeyWindow of(const ForwardParams<T>& p, const SequenceRange& seq) {
-    return {p.mask_offset(seq), p.window_left, p.effective_window_right(), seq.k_len};
+    const auto bound = [&](index_t side) { return side >= seq.q_len + seq.k_len ? -1 : side; };
+    return {p.mask_offset(seq), bound(p.window_left), bound(p.effective_window_right()), seq.k_len};
   }
 
   index_t first(index_t i) const {
@@ -90,38 +96,47 @@ class ScoreModifiers {
   template <class T>
   ScoreModifiers(const ForwardParams<T>& p, index_t sequence, const SequenceRange& seq)
       : window_(KeyWindow::of(p, seq)),
-        softcap_(p.softcap * log2e),
+        to_log2_(p.softmax_scale * log2e),
+        softcap_(static_cast<double>(p.softcap) * std::numbers::log2e),
         bias_(slice_batch(p.bias, sequence)),
         mask_(slice_batch(p.mask, sequence)) {
     if (!p.alibi_slopes.empty()) {
       const bool per_sequence = static_cast<index_t>(p.alibi_slopes.size()) != p.heads();
       alibi_ = p.alibi_slopes.data() + (per_sequence ? sequence * p.heads() : 0);
     }
+    softcap_in_ = softcap_ > 0 ? static_cast<double>(p.softmax_scale) / static_cast<double>(p.softcap) : 0.0;
   }
 
   const KeyWindow& window() const { return window_; }
 
-  /// Applies every modifier to s, whose columns are keys [col0, col0 + s.cols()). The bias
-  /// and mask elements read from main memory are reported to the IO policy.
+  /// The factor that turns the tiles apply() leaves into log2 units: softmax_scale *
+  /// log2(e) while they stay raw, 1 once a modifier has converted them.
+  float to_log2() const { return converts() ? 1.0f : to_log2_; }
+
+  /// Applies every modifier to the raw scores s, whose columns are keys [col0, col0 +
+  /// s.cols()). The bias and mask elements read from main memory are reported to the IO policy.
   template <class ScoreTile, class Io>
   void apply(ScoreTile& s, const PackedRows& rows, index_t col0, Io& io) const {
     const auto elements = static_cast<std::uint64_t>(rows.count() * s.cols());
-    if (softcap_ > 0.0f) apply_softcap(s);
+    if (softcap_ > 0) apply_softcap(s);
+    else if (converts()) scale(s, to_log2_);
+    if (bias_.data) {
+      apply_bias(s, rows, col0);
+      io.read(elements * sizeof(float));
+    }
+    if (alibi_) apply_alibi(s, rows, col0);
     if (!window_.covers(rows.position0, rows.positions, col0, s.cols()))
       mask_outside_window(s, rows, col0, window_);
     if (mask_.data) {
       apply_mask(s, rows, col0);
       io.read(elements * sizeof(bool));
     }
-    if (bias_.data) {
-      apply_bias(s, rows, col0);
-      io.read(elements * sizeof(float));
-    }
-    if (alibi_) apply_alibi(s, rows, col0);
   }
 
  private:
   static constexpr float log2e = std::numbers::log2e_v<float>;
+
+  bool converts() const { return softcap_ > 0 || bias_.data || alibi_; }
 
   /// The [H or 1, Nq, Nk] slice of a [B or 1, H or 1, Nq, Nk] view for one sequence.
   template <class V>
@@ -136,12 +151,15 @@ class ScoreModifiers {
     return v.data[h * v.stride[1] + i * v.stride[2] + j * v.stride[3]];
   }
 
+  /// s = C tanh(scale s / C) in log2 units, C = softcap * log2(e): raw scores in, log2 out.
+  /// In double, so that every finite softcap (up to FLT_MAX, down to the subnormals) gives
+  /// the definition's value: C and scale / softcap may lie outside float's range.
   template <class ScoreTile>
-  void apply_softcap(ScoreTile& s) const {  // s = C tanh(s / C), C = softcap in log2 units
-    const float inv = 1.0f / softcap_;
+  void apply_softcap(ScoreTile& s) const {
     for (index_t r = 0; r < s.rows(); ++r) {
       float* row = s.row(r);
-      for (index_t j = 0; j < s.cols(); ++j) row[j] = softcap_ * std::tanh(row[j] * inv);
+      for (index_t j = 0; j < s.cols(); ++j)
+        row[j] = static_cast<float>(softcap_ * std::tanh(static_cast<double>(row[j]) * softcap_in_));
     }
   }
   template <class ScoreTile>
@@ -168,7 +186,9 @@ class ScoreModifiers {
   }
 
   KeyWindow window_;
-  float softcap_ = 0.0f;  // in log2 units; 0: off
+  float to_log2_;          // softmax_scale * log2(e)
+  double softcap_ = 0.0;   // in log2 units; 0: off
+  double softcap_in_ = 0;  // softmax_scale / softcap: raw score to tanh's argument
   ScoreBiasView bias_{};
   ScoreMaskView mask_{};
   const float* alibi_ = nullptr;  // slopes of this sequence, one per query head

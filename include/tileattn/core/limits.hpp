@@ -1,0 +1,29 @@
+// tileattn/core/limits.hpp: every bound tileattn puts on an argument, in one place; a value
+// outside one is an invalid_argument naming the argument (docs/options.md, "Limits").
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <numbers>
+
+#include "tileattn/core/types.hpp"
+
+namespace tileattn {
+
+/// head_dim (Q and K) and head_dim_v (V and O) are any value in [1, max_head_dim].
+inline constexpr index_t max_head_dim = 1024;
+
+/// The most threads a call may ask for (Execution::num_threads).
+inline constexpr int max_threads = 1024;
+
+/// The largest SRAM budget a call may ask for (ForwardOptions::sram_budget_bytes): 1 GiB,
+/// far above any cache; each worker allocates only its plan's working set.
+inline constexpr std::size_t max_sram_budget_bytes = std::size_t{1} << 30;
+
+/// The kernels compute softmax exponents in log2 units, so a value x in natural-log units
+/// (softmax_scale, sinks, ALiBi slopes times a distance, bias entries) becomes
+/// x * log2(e): |x| must stay below this for that to be a finite float (about 2.36e38).
+inline constexpr float max_natural_log_magnitude =
+    std::numeric_limits<float>::max() / std::numbers::log2e_v<float>;
+
+}  // namespace tileattn
