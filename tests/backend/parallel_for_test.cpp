@@ -137,6 +137,37 @@ TEST(Backends, ValidateExecution) {
   }
 }
 
+// A call never starts more threads than it has items: worker ids stay below the item
+// count even when far more threads are asked for (before: 30000 threads for a 16 x 16
+// problem, a stack overflow in GOMP_parallel at 100000).
+TEST(Backends, NeverMoreWorkersThanItems) {
+  for (Backend b : backends_under_test())
+    for (index_t count : {1, 2, 5}) {
+      const Execution exec{b, max_threads};
+      EXPECT_EQ(worker_count(exec, count), resolve_backend(b) == Backend::serial ? 1 : count);
+      std::atomic<int> max_worker{-1}, ran{0};
+      parallel_for(exec, count, [&](index_t, int worker) {
+        ++ran;
+        int seen = max_worker.load();
+        while (worker > seen && !max_worker.compare_exchange_weak(seen, worker)) {}
+      });
+      EXPECT_EQ(ran.load(), count);
+      EXPECT_LT(max_worker.load(), count) << to_string(b);
+    }
+}
+
+TEST(Backends, ThreadCountLimit) {
+  EXPECT_NO_THROW(detail::validate_execution({Backend::automatic, max_threads}));
+  for (int threads : {max_threads + 1, 30000, 100000}) {
+    try {
+      detail::validate_execution({Backend::automatic, threads});
+      ADD_FAILURE() << threads << " threads accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.parameter(), "num_threads");
+    }
+  }
+}
+
 TEST(Backends, SerialRunsInOrderOnTheCallingThread) {
   std::vector<index_t> order;
   backend::Serial::parallel_for(6, 4, [&](index_t item, int worker) {

@@ -98,3 +98,24 @@ TEST(WorkerScratch, OnePerThreadKeptAndReset) {
 
 }  // namespace
 }  // namespace tileattn
+
+namespace tileattn {
+namespace {
+
+// worker_scratch keeps the largest capacity asked for and sets the budget of each call.
+TEST(WorkerScratch, GrowsOnlyAndTakesEachCallsBudget) {
+  std::thread t([] {
+    ScratchArena& a = worker_scratch(8192);
+    EXPECT_EQ(a.capacity(), 8192u);
+    ScratchArena& b = worker_scratch(1024);
+    EXPECT_EQ(&a, &b);
+    EXPECT_EQ(b.capacity(), 8192u) << "a smaller call keeps the memory";
+    EXPECT_EQ(b.budget(), 1024u) << "but carves within its own budget";
+    EXPECT_THROW(b.carve<float>(1024 / sizeof(float) + 1), budget_error);
+    EXPECT_EQ(worker_scratch(20000).capacity(), round_up_to_line(20000));
+  });
+  t.join();
+}
+
+}  // namespace
+}  // namespace tileattn

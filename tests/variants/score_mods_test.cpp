@@ -346,3 +346,86 @@ TEST(BiasMask, AllTrueMaskAndMinusInfinityBias) {
 
 }  // namespace
 }  // namespace tileattn::test
+
+namespace tileattn::test {
+namespace {
+
+// ---- Extreme but valid option values (every accepted value gives the reference's answer) ----
+
+/// Runs p with opts and checks O against the reference (absolute bound) and the LSE with a
+/// bound relative to its size (an LSE of 1e38 is only known to float's 7 digits).
+void expect_reference_answer(Problem& p, const ForwardOptions& opts, const std::string& what) {
+  p.reset_outputs();
+  p.run(opts);
+  const auto ref = p.reference(opts);
+  const Deviation dev = compare_to_reference(ref, p.o().cview(), LseView{});
+  EXPECT_EQ(dev.problem, "") << what;
+  EXPECT_LE(dev.o, forward_o_tolerance) << what;
+  const LseView lse = p.lse().view();
+  for (index_t b = 0; b < ref.batch; ++b)
+    for (index_t h = 0; h < ref.heads; ++h)
+      for (index_t i = 0; i < ref.seqlen_q; ++i) {
+        const double want = ref.log_sum_exp(b, h, i), got = lse(b, h, i);
+        ASSERT_NEAR(got, want, forward_lse_tolerance + 1e-6 * std::abs(want)) << what << " at " << b << " " << h << " " << i;
+      }
+}
+
+// The review's values: a softcap above 2.36e38 (softcap * log2(e) overflowed) and a
+// subnormal one (1 / softcap overflowed; 0 * inf gave NaN); both at Nq = Nk = 16, d = 64.
+TEST(ExtremeOptions, SoftcapFromSubnormalToFloatMax) {
+  Problem p({1, 2, 2, 16, 16, 64}, KvStorage::contiguous, 3);
+  for (float cap : {std::numeric_limits<float>::max(), 3e38f, 2.5e38f, 1e30f, 1e-30f, 1e-40f,
+                    std::numeric_limits<float>::denorm_min()}) {
+    ForwardOptions opts;
+    opts.softcap = cap;
+    expect_reference_answer(p, opts, "softcap " + std::to_string(cap));
+    if (cap < 1e-20f) {  // every score capped to ~0: a uniform average, LSE = ln 16
+      EXPECT_NEAR(p.lse().view()(0, 1, 3), std::log(16.0), 1e-5) << cap;
+    }
+  }
+}
+
+// softmax_scale from the smallest subnormal up to 1e30 (where scores stay below float's
+// range in log2 units): the reference's answer. Above 2.35e38 it is rejected by name
+// (kernels/forward_validation_test.cpp).
+TEST(ExtremeOptions, SoftmaxScaleFromSubnormalToLarge) {
+  Problem p({1, 2, 1, 16, 24, 32}, KvStorage::window, 5);
+  for (float scale : {std::numeric_limits<float>::denorm_min(), 1e-40f, 1e-20f, 1e10f, 1e30f}) {
+    for (bool causal : {false, true}) {
+      ForwardOptions opts;
+      opts.softmax_scale = scale;
+      opts.causal = causal;
+      expect_reference_answer(p, opts, "scale " + std::to_string(scale));
+    }
+  }
+}
+
+// Sinks as large as the limit allows (|sink| * log2(e) finite) dominate or vanish exactly
+// as the reference says.
+TEST(ExtremeOptions, SinksNearTheLimit) {
+  Problem p({1, 2, 2, 16, 16, 64}, KvStorage::contiguous, 7);
+  const float big = 0.99f * max_natural_log_magnitude;
+  const std::vector<float> sinks{big, -big};
+  ForwardOptions opts;
+  opts.sinks = sinks;
+  opts.causal = true;
+  expect_reference_answer(p, opts, "sinks +-" + std::to_string(big));
+  EXPECT_NEAR(p.lse().view()(0, 0, 5), big, 1e-6 * big);
+}
+
+// ALiBi slopes up to the limit (|slope| * (Nq + Nk) below max_natural_log_magnitude / 4):
+// a huge slope leaves only the nearest visible key, as in the reference.
+TEST(ExtremeOptions, AlibiSlopesNearTheLimit) {
+  Problem p({1, 3, 1, 16, 16, 32}, KvStorage::contiguous, 9);
+  const float limit = max_natural_log_magnitude / 4 / 32;
+  const std::vector<float> slopes{0.99f * limit, 1e-30f, 1e20f};
+  for (bool causal : {false, true}) {
+    ForwardOptions opts;
+    opts.alibi_slopes = slopes;
+    opts.causal = causal;
+    expect_reference_answer(p, opts, causal ? "causal" : "full");
+  }
+}
+
+}  // namespace
+}  // namespace tileattn::test

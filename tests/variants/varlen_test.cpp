@@ -198,3 +198,42 @@ TEST(Varlen, OneSequenceInALongerBuffer) {
 
 }  // namespace
 }  // namespace tileattn::test
+
+namespace tileattn::test {
+namespace {
+
+// A batch with an empty side (max_seqlen_q == 0 or max_seqlen_k == 0) takes a bias or mask
+// of extent 0 or 1 on that side (the review's repro: one head, d 64, cu_seqlens_q {0, 0},
+// cu_seqlens_k {0, 17}); nothing is read from it. With no queries nothing is written; with
+// no keys every row gets O = 0, LSE = -inf.
+TEST(Varlen, EmptySideTakesABiasOrMaskOfExtentZeroOrOne) {
+  for (bool empty_queries : {true, false})
+    for (index_t extent : {0, 1}) {
+      SCOPED_TRACE(std::string(empty_queries ? "no queries" : "no keys") + ", extent " + std::to_string(extent));
+      const std::vector<std::int32_t> q_lens{empty_queries ? 0 : 5}, k_lens{empty_queries ? 17 : 0};
+      VarlenProblem p(q_lens, k_lens, 1, 1, 64, 5);
+      const index_t nq = empty_queries ? extent : 5, nk = empty_queries ? 17 : extent;
+      std::vector<float> bias(static_cast<std::size_t>(std::max<index_t>(nq * nk, 1)), 0.5f);
+      std::unique_ptr<bool[]> mask(new bool[static_cast<std::size_t>(std::max<index_t>(nq * nk, 1))]());
+      ForwardOptions opts;
+      opts.bias = {bias.data(), {1, 1, nq, nk}, {0, 0, nk, 1}};
+      opts.mask = {mask.get(), {1, 1, nq, nk}, {0, 0, nk, 1}};
+      ASSERT_NO_THROW(p.run(opts));
+      EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
+      if (empty_queries) {
+        EXPECT_TRUE(all_equal(p.o_buffer(), sentinel));
+        EXPECT_TRUE(all_equal(p.lse_buffer(), sentinel));
+      } else {
+        EXPECT_EQ(p.lse_of(0)(0, 0, 2), -std::numeric_limits<float>::infinity());
+      }
+    }
+  // An extent of 2 on the empty side is still wrong, and named.
+  VarlenProblem p({0}, {17}, 1, 1, 64, 5);
+  std::vector<float> bias(34, 0.5f);
+  ForwardOptions opts;
+  opts.bias = {bias.data(), {1, 1, 2, 17}, {0, 0, 17, 1}};
+  EXPECT_TRUE(throws_naming([&] { p.run(opts); }, "bias.shape[2] (seqlen_q)"));
+}
+
+}  // namespace
+}  // namespace tileattn::test

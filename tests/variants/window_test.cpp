@@ -242,3 +242,33 @@ TEST(WindowTraffic, RightBoundOnlyReadsUpToTheLastVisibleKey) {
 
 }  // namespace
 }  // namespace tileattn::test
+
+namespace tileattn::test {
+namespace {
+
+// Windows at or beyond the sequence, up to INT64_MAX on either side, mean "unbounded":
+// full attention (before: int64 overflow in KeyWindow; O = 0, LSE = -inf in Release).
+TEST(WindowSemantics, WindowsBeyondTheSequenceAreUnbounded) {
+  constexpr index_t huge = std::numeric_limits<index_t>::max();
+  for (auto [nq, nk] : {std::pair<index_t, index_t>{40, 24}, {24, 40}, {17, 17}})
+    for (index_t side : {nq + nk, nq + nk + 1, huge / 2, huge - 1, huge})
+      for (MaskAlignment alignment : {MaskAlignment::bottom_right, MaskAlignment::top_left}) {
+        Problem p({1, 2, 2, nq, nk, 32}, KvStorage::window, 3);
+        ForwardOptions full;
+        full.alignment = alignment;
+        p.run(full);
+        const std::vector<float> want = p.outputs();
+        for (int which = 0; which < 3; ++which) {
+          ForwardOptions opts = full;
+          opts.window_left = which != 1 ? side : -1;
+          opts.window_right = which != 0 ? side : -1;
+          p.reset_outputs();
+          EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
+          EXPECT_TRUE(bitwise_equal(p.outputs(), want))
+              << nq << " x " << nk << ", side " << side << ", which " << which;
+        }
+      }
+}
+
+}  // namespace
+}  // namespace tileattn::test

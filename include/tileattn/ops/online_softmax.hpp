@@ -68,6 +68,13 @@ bool all_finite(const AnyTile& t) {
   return true;
 }
 
+/// 2^(s c - max) with s c exact inside the FMA leaves the row's largest score with
+/// 2^(its rounding error): harmless while max is small, but past 2^24 that error exceeds 1
+/// and reaches +-1024 near 2^34, where 2^x overflows. Rows whose max (log2 units) is this
+/// large, a softmax that is one-hot in float anyway, round s c first instead, so their
+/// largest score gets exactly 2^0.
+inline constexpr float exact_shift_limit = 16777216.0f;  // 2^24
+
 namespace detail {
 /// A row that has seen nothing but -inf and NaN scores: P = 0, and a NaN poisons the sum.
 [[gnu::noinline, gnu::cold]] inline void mask_row(float* p, index_t n, float& sum) {
@@ -83,13 +90,18 @@ template <class ScoreTile, class AccTile>
 void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log2) {
   for (index_t i = 0; i < s.rows(); ++i) {
     float* p = s.row(i);
+    float to_log2_row = to_log2;
     const float old_max = stats.max[i];
     const float new_max = std::max(old_max, arch::native::row_max(p, s.cols()) * to_log2);
     if (new_max == negative_infinity) {  // nothing seen but -inf and NaN
       detail::mask_row(p, s.cols(), stats.sum[i]);
       continue;
     }
-    const float row_sum = arch::native::exp2_shift_sum(p, s.cols(), to_log2, new_max);
+    if (std::abs(new_max) >= exact_shift_limit && to_log2 != 1.0f) {  // see exact_shift_limit
+      arch::native::scale(p, s.cols(), to_log2);
+      to_log2_row = 1.0f;
+    }
+    const float row_sum = arch::native::exp2_shift_sum(p, s.cols(), to_log2_row, new_max);
     if (old_max != new_max) {
       const float correction = arch::native::exp2(old_max - new_max);
       stats.sum[i] *= correction;
