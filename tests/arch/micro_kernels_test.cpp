@@ -41,6 +41,10 @@ namespace {
       return ns::exp2_shift_sum(x, n, scale, shift);                                           \
     }                                                                                          \
     static bool all_finite(const float* x, index_t n) { return ns::all_finite(x, n); }         \
+    static void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n, const float* scale, \
+                                    const float* shift, float* sums) {                         \
+      ns::exp2_shift_sum_rows(x, ld, rows, n, scale, shift, sums);                             \
+    }                                                                                          \
     static void scale(float* x, index_t n, float factor) { ns::scale(x, n, factor); }          \
     static float exp2(float x) { return ns::exp2(x); }                                        \
     static void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst, \
@@ -345,6 +349,27 @@ TYPED_TEST(MicroKernels, Exp2ShiftSumMatchesDouble) {
         EXPECT_EQ(x.data[n], guard) << "wrote past the end, n=" << n;
       }
     }
+}
+
+// The rows version is the one-row function applied to each row with its own scale and
+// shift (bitwise), and leaves the padding between rows alone.
+TYPED_TEST(MicroKernels, Exp2ShiftSumRowsIsTheOneRowFunctionPerRow) {
+  std::mt19937 rng(19);
+  std::uniform_real_distribution<float> score(-30.0f, 3.0f);
+  for (index_t n : {1, 16, 17, 64, 100}) {
+    constexpr index_t rows = 5;
+    const index_t ld = n + 7;
+    Buffer x(static_cast<std::size_t>(rows * ld)), one(static_cast<std::size_t>(rows * ld));
+    for (index_t i = 0; i < rows * ld; ++i) x.data[i] = one.data[i] = score(rng);
+    const float scale[rows] = {1.0f, 0.3f, 2.5f, 1.0f, 0.125f}, shift[rows] = {0.0f, -2.0f, 7.5f, 3.0f, -1.0f};
+    float sums[rows];
+    TypeParam::exp2_shift_sum_rows(x.data, ld, rows, n, scale, shift, sums);
+    for (index_t r = 0; r < rows; ++r) {
+      const float sum = TypeParam::exp2_shift_sum(one.data + r * ld, n, scale[r], shift[r]);
+      EXPECT_EQ(sums[r], sum) << "n " << n << " row " << r;
+      for (index_t j = 0; j < ld; ++j) ASSERT_EQ(x.data[r * ld + j], one.data[r * ld + j]) << "n " << n << " row " << r << " j " << j;
+    }
+  }
 }
 
 TYPED_TEST(MicroKernels, Exp2ShiftSumPropagatesNaN) {

@@ -278,29 +278,43 @@ inline float row_max(const float* x, index_t n) {
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
 
-/// x[j] = 2^(x[j] * scale - shift) in place, the product and the shift in one FMA;
-/// returns the sum of the new values. x[j] = -inf gives 0. Kept out of line: inlined into
-/// ops::online_softmax_step, GCC 12 schedules the loop worse (the forward ran 5% slower).
-[[gnu::noinline]] inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
+/// For each of `rows` rows of x (`ld` floats apart): x[r][j] = 2^(x[r][j] * scale[r] -
+/// shift[r]) in place, the product and the shift in one FMA; sums[r] = the row's sum of the
+/// new values. x = -inf gives 0. One call per score tile, so the polynomial's constants are
+/// loaded once for all its rows; kept out of line (inlined into ops::online_softmax_step,
+/// GCC 12 schedules the loop worse).
+[[gnu::noinline]] inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n,
+                                                  const float* scale, const float* shift,
+                                                  float* sums) {
   using detail::lanes;
-  const __m512 f = _mm512_set1_ps(scale), s = _mm512_set1_ps(-shift);
-  __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-  index_t j = 0;
-  for (; j + 2 * lanes <= n; j += 2 * lanes) {
-    const __m512 e0 = detail::exp2(_mm512_fmadd_ps(_mm512_loadu_ps(x + j), f, s));
-    const __m512 e1 = detail::exp2(_mm512_fmadd_ps(_mm512_loadu_ps(x + j + lanes), f, s));
-    _mm512_storeu_ps(x + j, e0);
-    _mm512_storeu_ps(x + j + lanes, e1);
-    sum0 = _mm512_add_ps(sum0, e0);
-    sum1 = _mm512_add_ps(sum1, e1);
+  for (index_t r = 0; r < rows; ++r) {
+    float* xr = x + r * ld;
+    const __m512 f = _mm512_set1_ps(scale[r]), s = _mm512_set1_ps(-shift[r]);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    index_t j = 0;
+    for (; j + 2 * lanes <= n; j += 2 * lanes) {
+      const __m512 e0 = detail::exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j), f, s));
+      const __m512 e1 = detail::exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j + lanes), f, s));
+      _mm512_storeu_ps(xr + j, e0);
+      _mm512_storeu_ps(xr + j + lanes, e1);
+      sum0 = _mm512_add_ps(sum0, e0);
+      sum1 = _mm512_add_ps(sum1, e1);
+    }
+    for (; j < n; j += lanes) {
+      const __mmask16 mask = detail::first_lanes(n - j < lanes ? n - j : lanes);
+      const __m512 e = detail::exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, xr + j), f, s));
+      _mm512_mask_storeu_ps(xr + j, mask, e);
+      sum0 = _mm512_mask_add_ps(sum0, mask, sum0, e);
+    }
+    sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
   }
-  for (; j < n; j += lanes) {
-    const __mmask16 mask = detail::first_lanes(n - j < lanes ? n - j : lanes);
-    const __m512 e = detail::exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + j), f, s));
-    _mm512_mask_storeu_ps(x + j, mask, e);
-    sum0 = _mm512_mask_add_ps(sum0, mask, sum0, e);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+/// One row of exp2_shift_sum_rows: x[j] = 2^(x[j] * scale - shift); returns the sum.
+inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
+  float sum = 0.0f;
+  exp2_shift_sum_rows(x, n, 1, n, &scale, &shift, &sum);
+  return sum;
 }
 
 /// True when no x[j] is Inf or NaN (exponent bits all ones).

@@ -1,7 +1,7 @@
 // tileattn/arch/generic.hpp: portable scalar micro-kernels: the reference every SIMD arch
 // file must match, and the fallback for targets without one.
 //
-// Every arch namespace provides the same seven functions with the same contracts, so
+// Every arch namespace provides the same eight functions with the same contracts, so
 // ops/ can call `arch::native::` without knowing which one it got.
 #pragma once
 
@@ -38,14 +38,26 @@ inline float row_max(const float* x, index_t n) {
   return m;
 }
 
-/// x[j] = 2^(x[j] * scale - shift) in place, the product and the shift in one fused
-/// multiply-add; returns the sum of the new values. x[j] = -inf gives 0.
+/// For each of `rows` rows of x (`ld` floats apart): x[r][j] = 2^(x[r][j] * scale[r] -
+/// shift[r]) in place, the product and the shift in one fused multiply-add; sums[r] = the
+/// row's sum of the new values. x = -inf gives 0.
+inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n, const float* scale,
+                                const float* shift, float* sums) {
+  for (index_t r = 0; r < rows; ++r) {
+    float* xr = x + r * ld;
+    float sum = 0.0f;
+    for (index_t j = 0; j < n; ++j) {
+      xr[j] = std::exp2(std::fma(xr[j], scale[r], -shift[r]));
+      sum += xr[j];
+    }
+    sums[r] = sum;
+  }
+}
+
+/// One row of exp2_shift_sum_rows: x[j] = 2^(x[j] * scale - shift); returns the sum.
 inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
   float sum = 0.0f;
-  for (index_t j = 0; j < n; ++j) {
-    x[j] = std::exp2(std::fma(x[j], scale, -shift));
-    sum += x[j];
-  }
+  exp2_shift_sum_rows(x, n, 1, n, &scale, &shift, &sum);
   return sum;
 }
 

@@ -85,30 +85,39 @@ namespace detail {
 
 /// One key tile's step: s (scores times 1 / to_log2 in log2 units) becomes
 /// P = 2^(s * to_log2 - new max); stats and the output accumulator o are rescaled by
-/// 2^(old max - new max). Rows whose scores so far are all masked keep P = 0.
+/// 2^(old max - new max). Rows whose scores so far are all masked keep P = 0. Rows go to
+/// the exponential in blocks, so one call serves many rows.
 template <class ScoreTile, class AccTile>
 void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log2) {
-  for (index_t i = 0; i < s.rows(); ++i) {
-    float* p = s.row(i);
-    float to_log2_row = to_log2;
-    const float old_max = stats.max[i];
-    const float new_max = std::max(old_max, arch::native::row_max(p, s.cols()) * to_log2);
-    if (new_max == negative_infinity) {  // nothing seen but -inf and NaN
-      detail::mask_row(p, s.cols(), stats.sum[i]);
-      continue;
+  constexpr index_t block = 32;
+  float factor[block], shift[block], sums[block];
+  bool seen[block];  // false: nothing but -inf and NaN so far
+  for (index_t r0 = 0; r0 < s.rows(); r0 += block) {
+    const index_t rows = std::min(block, s.rows() - r0);
+    for (index_t k = 0; k < rows; ++k) {
+      float* p = s.row(r0 + k);
+      const float new_max = std::max(stats.max[r0 + k], arch::native::row_max(p, s.cols()) * to_log2);
+      seen[k] = new_max != negative_infinity;
+      factor[k] = to_log2;
+      shift[k] = seen[k] ? new_max : -negative_infinity;  // +inf: P = 2^-inf = 0
+      if (!seen[k]) detail::mask_row(p, s.cols(), stats.sum[r0 + k]);
+      if (seen[k] && std::abs(new_max) >= exact_shift_limit && to_log2 != 1.0f) {  // see exact_shift_limit
+        arch::native::scale(p, s.cols(), to_log2);
+        factor[k] = 1.0f;
+      }
     }
-    if (std::abs(new_max) >= exact_shift_limit && to_log2 != 1.0f) {  // see exact_shift_limit
-      arch::native::scale(p, s.cols(), to_log2);
-      to_log2_row = 1.0f;
+    arch::native::exp2_shift_sum_rows(s.row(r0), s.ld(), rows, s.cols(), factor, shift, sums);
+    for (index_t k = 0; k < rows; ++k) {
+      const index_t i = r0 + k;
+      if (!seen[k]) continue;
+      if (const float old_max = stats.max[i]; old_max != shift[k]) {
+        const float correction = arch::native::exp2(old_max - shift[k]);
+        stats.sum[i] *= correction;
+        arch::native::scale(o.row(i), o.cols(), correction);
+      }
+      stats.sum[i] += sums[k];
+      stats.max[i] = shift[k];
     }
-    const float row_sum = arch::native::exp2_shift_sum(p, s.cols(), to_log2_row, new_max);
-    if (old_max != new_max) {
-      const float correction = arch::native::exp2(old_max - new_max);
-      stats.sum[i] *= correction;
-      arch::native::scale(o.row(i), o.cols(), correction);
-    }
-    stats.sum[i] += row_sum;
-    stats.max[i] = new_max;
   }
 }
 
