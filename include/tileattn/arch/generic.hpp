@@ -26,7 +26,11 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
     for (index_t p = 0; p < k; ++p) {
       const float aip = a[i * lda + p];
       const float* bp = b + p * ldb;
+#if defined(__FMA__)  // one rounding per step, whether or not the compiler vectorizes the loop
+      for (index_t j = 0; j < n; ++j) ci[j] = std::fma(aip, bp[j], ci[j]);
+#else
       for (index_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
+#endif
     }
   }
 }
