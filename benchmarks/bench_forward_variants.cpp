@@ -5,6 +5,9 @@
 //   window/...   causal sliding window of 512 at N = 8192, against full causal attention
 //   varlen/...   8 sequences of 100..3000 tokens packed with cu_seqlens, against the same
 //                batch padded to 3000 with the padding masked off by a boolean key mask
+//   head_dim/... every head_dim runs the same run-time-sized path: unlisted sizes (40, 72,
+//                160, 192) next to the sizes of the old compile-time list, and DeepSeek's
+//                192 / 128 (head_dim_v of its own); N = 2048, 16 heads, non-causal
 // GFLOP/s counts unmasked work only: 4 * d per (query, visible key) pair, summed exactly, so
 // work a kernel skips is never credited and work it wastes never pays. HBM_bytes are counted.
 //
@@ -45,22 +48,25 @@ void set_counters(benchmark::State& state, double flops, const tileattn::IoCount
   state.counters["HBM_bytes"] = Counter(static_cast<double>(io.bytes_read + io.bytes_written));
 }
 
-/// Times opts on one [1, N, heads, d] problem with heads_kv K/V heads.
+/// Times opts on one [1, N, heads, d] problem with heads_kv K/V heads (V and O of dv, or d).
 void run_fixed(benchmark::State& state, index_t n, index_t heads, index_t heads_kv, index_t d,
-               tileattn::ForwardOptions opts) {
+               tileattn::ForwardOptions opts, index_t dv = 0) {
+  dv = dv > 0 ? dv : d;
   const auto q = random_normal(static_cast<std::size_t>(n * heads * d), 1);
   const auto k = random_normal(static_cast<std::size_t>(n * heads_kv * d), 2);
-  const auto v = random_normal(static_cast<std::size_t>(n * heads_kv * d), 3);
-  std::vector<float> o(q.size());
+  const auto v = random_normal(static_cast<std::size_t>(n * heads_kv * dv), 3);
+  std::vector<float> o(static_cast<std::size_t>(n * heads * dv));
   const auto qv = tileattn::make_bshd(q.data(), 1, n, heads, d), kv = tileattn::make_bshd(k.data(), 1, n, heads_kv, d),
-             vv = tileattn::make_bshd(v.data(), 1, n, heads_kv, d);
-  const auto ov = tileattn::make_bshd(o.data(), 1, n, heads, d);
+             vv = tileattn::make_bshd(v.data(), 1, n, heads_kv, dv);
+  const auto ov = tileattn::make_bshd(o.data(), 1, n, heads, dv);
   tileattn::IoCounts io;
   opts.io_counts = &io;
   tileattn::forward(qv, kv, vv, ov, opts);
   opts.io_counts = nullptr;
   for (auto _ : state) tileattn::forward(qv, kv, vv, ov, opts);
-  set_counters(state, static_cast<double>(heads) * visible_flops(n, n, d, opts.causal, opts.window_left), io);
+  // visible_flops counts 4 d per pair: 2 d for Q K^T and 2 dv for P V
+  const double flops = visible_flops(n, n, d + dv, opts.causal, opts.window_left) / 2;
+  set_counters(state, static_cast<double>(heads) * flops, io);
 }
 
 void bm_gqa(benchmark::State& state) {
@@ -74,6 +80,10 @@ void bm_window(benchmark::State& state) {
   opts.causal = true;
   opts.window_left = state.range(1);  // -1: full causal
   run_fixed(state, state.range(0), 16, 16, 128, opts);
+}
+
+void bm_head_dim(benchmark::State& state) {
+  run_fixed(state, 2048, 16, 16, state.range(0), {}, state.range(1));
 }
 
 const std::vector<index_t>& varlen_lengths() {
@@ -138,6 +148,10 @@ BENCHMARK(bm_gqa)->ArgNames({"N", "heads_kv"})->ArgsProduct({{2048, 4096}, {8, 3
 BENCHMARK(bm_window)->ArgNames({"N", "window"})->Args({8192, 512})->Args({8192, -1})
     ->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(bm_varlen)->ArgNames({"packed"})->Arg(1)->Arg(0)
+    ->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
+BENCHMARK(bm_head_dim)->ArgNames({"d", "dv"})
+    ->Args({32, 32})->Args({40, 40})->Args({64, 64})->Args({72, 72})->Args({80, 80})->Args({96, 96})
+    ->Args({128, 128})->Args({160, 160})->Args({192, 192})->Args({256, 256})->Args({192, 128})
     ->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
 
 BENCHMARK_MAIN();
