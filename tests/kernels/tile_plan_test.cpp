@@ -8,43 +8,15 @@
 // kernels::ForwardTiles::carve takes from a scratch arena.
 #include <gtest/gtest.h>
 
+#include "support/planner_brute_force.hpp"
 #include "support/test_support.hpp"
 
 namespace tileattn::test {
 namespace {
 
-constexpr index_t fast_keys = 64;  // Bc below this slows the micro-kernels
-
-/// Work items per (sequence, K/V head) of a plan: K and V are read once per item, so for
-/// a non-causal call the counted K/V bytes are this times Nk x (d + dv) x 4 per
-/// (sequence, K/V head); Q, O and LSE move once whatever the plan.
-index_t items(index_t positions, index_t heads, index_t nq, index_t group) {
-  return (nq + positions - 1) / positions * ((group + heads - 1) / heads);
-}
-
-/// The fewest items of any legal plan: every Bc (from min(64, Nk) up where some Bc >= 64
-/// fits the budget, else from 1), every number of heads per tile, and the most positions
-/// that fit with them (fewer positions never need fewer items).
-index_t brute_force_items(const PlanShape& s, std::size_t budget) {
-  const index_t nk = s.seqlen_k, floor = std::min(fast_keys, nk);
-  const auto fits = [&](index_t rows, index_t bc) {
-    return forward_working_set_bytes(rows, bc, s.head_dim, s.value_dim()) <= budget;
-  };
-  const index_t lowest_bc = fits(1, floor) ? floor : 1;
-  index_t best = 0;
-  for (index_t bc = lowest_bc; bc <= nk; ++bc) {
-    if (!fits(1, bc)) break;
-    index_t rows = 1;  // the most rows that fit: double, then bisect
-    while (fits(2 * rows, bc)) rows *= 2;
-    for (index_t step = rows / 2; step > 0; step /= 2)
-      if (fits(rows + step, bc)) rows += step;
-    for (index_t heads = 1; heads <= std::min(rows, s.group_size); ++heads) {
-      const index_t n = items(std::min(s.seqlen_q, rows / heads), heads, s.seqlen_q, s.group_size);
-      if (best == 0 || n < best) best = n;
-    }
-  }
-  return best;
-}
+using planner::fast_keys;
+using planner::items;
+using planner::brute_force_items;
 
 TilePlan plan_one_worker(const PlanShape& s, std::size_t budget) {
   return plan_forward_tiles(s, budget, 1);
