@@ -1,9 +1,12 @@
 // benchmarks/forward_scaling.cpp: thread scaling of the forward pass: GFLOP/s at 1, 2, 4, ...
-// threads and the speed-up over one thread, for each backend compiled in. Depends on
-// nothing but tileattn (no Google Benchmark), so it builds on any machine with a compiler:
+// threads (the median of --repeats timed runs after one warm-up, with the slowest and
+// fastest run: shared machines are noisy) and the speed-up over one thread, for each
+// backend compiled in. Depends on nothing but tileattn (no Google Benchmark), so it builds
+// on any machine with a compiler:
 //
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude -Ibenchmarks benchmarks/forward_scaling.cpp
 //   ./a.out [--seqlen 4096] [--head-dim 128] [--heads 16] [--causal] [--threads 1,2,4,8,16]
+//           [--repeats 9] [--backend openmp|tbb]
 #include <tileattn/tileattn.hpp>
 
 #include "ceilings.hpp"
@@ -24,7 +27,8 @@ struct Config {
   tileattn::index_t seqlen = 4096, head_dim = 128, heads = 16;
   bool causal = false;
   std::vector<int> threads{1, 2, 4, 8, 16};
-  int repeats = 3;
+  int repeats = 9;
+  std::string backend;  // empty: every backend compiled in
 };
 
 Config parse(int argc, char** argv) {
@@ -37,6 +41,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--heads") c.heads = std::stol(next());
     else if (a == "--causal") c.causal = true;
     else if (a == "--repeats") c.repeats = std::stoi(next());
+    else if (a == "--backend") c.backend = next();
     else if (a == "--threads") {
       c.threads.clear();
       std::stringstream list(next());
@@ -61,31 +66,35 @@ int main(int argc, char** argv) {
     for (float& e : *x) e = normal(rng);
   const auto view = [&](std::vector<float>& x) { return tileattn::make_bshd(x.data(), 1, c.seqlen, c.heads, c.head_dim); };
   const double flops = 4.0 * static_cast<double>(c.heads * c.seqlen) * static_cast<double>(c.seqlen * c.head_dim) / (c.causal ? 2 : 1);
-  const tileattn::TilePlan plan =
-      tileattn::plan_forward({c.head_dim, c.head_dim, c.seqlen, c.seqlen, 1, c.heads});
-  std::printf("forward B=1 H=%ld N=%ld d=%ld %s, micro-kernels %s, tiles %ld x %ld, SRAM %zu bytes\n",
+  std::printf("forward B=1 H=%ld N=%ld d=%ld %s, micro-kernels %s, %d timed runs per row\n",
               static_cast<long>(c.heads), static_cast<long>(c.seqlen), static_cast<long>(c.head_dim),
-              c.causal ? "causal" : "non-causal", tileattn::arch::native::name,
-              static_cast<long>(plan.query_tile_rows), static_cast<long>(plan.key_tile_rows), plan.sram_budget_bytes);
+              c.causal ? "causal" : "non-causal", tileattn::arch::native::name, c.repeats);
   for (tileattn::Backend backend : {tileattn::Backend::openmp, tileattn::Backend::tbb}) {
     if (!tileattn::backend_available(backend)) continue;
+    if (!c.backend.empty() && c.backend != tileattn::to_string(backend)) continue;
     double one_thread = 0;
     for (int t : c.threads) {
       tileattn::ForwardOptions opts;
       opts.causal = c.causal;
       opts.execution = {backend, t};
-      double best = 1e30;
+      const tileattn::TilePlan plan = tileattn::plan_forward(view(q), view(k), view(v), opts);
+      std::vector<double> seconds;
       for (int r = 0; r <= c.repeats; ++r) {  // the first run warms up and is not counted
         const auto start = std::chrono::steady_clock::now();
         tileattn::forward(view(q), view(k), view(v), view(o), opts);
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (r > 0) best = std::min(best, s);
+        if (r > 0) seconds.push_back(s);
       }
-      const double gflops = flops / best * 1e-9, peak = tileattn::bench::fma_peak_gflops(t);
+      std::sort(seconds.begin(), seconds.end());
+      const double median = seconds[seconds.size() / 2];
+      const double gflops = flops / median * 1e-9, peak = tileattn::bench::fma_peak_gflops(t);
       if (one_thread == 0) one_thread = gflops;
-      std::printf("%-7s threads %3d: %8.1f ms %8.1f GFLOP/s  speed-up %5.2fx  %4.0f%% of the FMA loop (%7.1f GFLOP/s, %5.2fx its 1 thread)\n",
-                  tileattn::to_string(backend), t, best * 1e3, gflops, gflops / one_thread,
-                  100 * gflops / peak, peak, peak / tileattn::bench::fma_peak_gflops(c.threads.front()));
+      std::printf("%-7s threads %3d: tiles %4ld x %3ld: GFLOP/s median %7.1f (min %7.1f, max %7.1f)  speed-up %5.2fx  "
+                  "%4.0f%% of the FMA loop (%7.1f GFLOP/s, %5.2fx its 1 thread)\n",
+                  tileattn::to_string(backend), t, static_cast<long>(plan.query_tile_rows),
+                  static_cast<long>(plan.key_tile_rows), gflops, flops / seconds.back() * 1e-9,
+                  flops / seconds.front() * 1e-9, gflops / one_thread, 100 * gflops / peak, peak,
+                  peak / tileattn::bench::fma_peak_gflops(c.threads.front()));
     }
   }
 }
