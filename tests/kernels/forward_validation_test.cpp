@@ -134,6 +134,8 @@ std::vector<BadCase> bad_cases() {
       // views whose sizes or address ranges overflow
       {"q_element_count_overflows", [](Call& c) { c.qv.shape[1] = index_t{1} << 62; }, "q"},
       {"k_stride_reach_overflows", [](Call& c) { c.kv.stride[1] = index_t{1} << 61; }, "k"},
+      {"k_two_rows_span_past_ptrdiff_max",  // (2 - 1) * 2^61 floats = 2^63 bytes: fits int64, not an object
+       [](Call& c) { c.kv.shape[1] = c.vv.shape[1] = 2; c.kv.stride[1] = index_t{1} << 61; }, "k"},
       {"v_bytes_past_address_space", [](Call& c) { c.vv.stride[0] = index_t{1} << 62; }, "v"},
       {"o_stride_reach_overflows", [](Call& c) { c.ov.stride[2] = index_t{1} << 62; }, "o"},
       {"lse_stride_reach_overflows", [](Call& c) { c.lv.stride[1] = index_t{1} << 62; }, "lse"},
@@ -151,6 +153,8 @@ std::vector<BadCase> bad_cases() {
       {"window_right_below_minus_1", [](Call& c) { c.opts.window_right = -5; }, "window_right"},
       {"softcap_negative", [](Call& c) { c.opts.softcap = -1.0f; }, "softcap"},
       {"softcap_nan", [=](Call& c) { c.opts.softcap = nan; }, "softcap"},
+      {"softcap_float_max", [](Call& c) { c.opts.softcap = std::numeric_limits<float>::max(); }, "softcap"},
+      {"softcap_times_log2e_overflows", [](Call& c) { c.opts.softcap = 2.4e38f; }, "softcap"},
   };
   return cases;
 }

@@ -5,6 +5,8 @@
 // backends and thread counts for a case combining everything, fixed-length and varlen.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <bit>
 #include <sstream>
 
@@ -159,15 +161,24 @@ std::string describe(const Execution& e) {
 }
 
 /// Re-runs p under every backend and thread count: O and LSE must match the first run bit for bit.
+/// `repeats` times each (races show up as rare differences).
 template <class AnyProblem>
-void expect_same_bits_on_every_execution(AnyProblem& p, ForwardOptions opts) {
+void expect_same_bits_on_every_execution(AnyProblem& p, ForwardOptions opts, int repeats = 1) {
   const std::vector<float> want = p.outputs();
-  for (const Execution& e : every_execution()) {
-    opts.execution = e;
-    p.reset_outputs();
-    p.run(opts);
-    EXPECT_TRUE(bitwise_equal(p.outputs(), want)) << describe(e);
-  }
+  for (const Execution& e : every_execution())
+    for (int r = 0; r < (e.backend == Backend::serial ? 1 : repeats); ++r) {
+      opts.execution = e;
+      p.reset_outputs();
+      p.run(opts);
+      ASSERT_TRUE(bitwise_equal(p.outputs(), want)) << describe(e) << ", run " << r;
+    }
+}
+
+/// How many times the parallel backends repeat each determinism check:
+/// TILEATTN_DETERMINISM_REPEATS, 50 by default (FlashAttention reruns its race test 250 times).
+int determinism_repeats() {
+  const char* env = std::getenv("TILEATTN_DETERMINISM_REPEATS");
+  return env ? std::max(1, std::atoi(env)) : 50;
 }
 
 TEST(Determinism, CombinedOptionsBitwiseIdenticalOnEveryBackend) {
@@ -188,6 +199,33 @@ TEST(Determinism, VarlenBitwiseIdenticalOnEveryBackend) {
   ForwardOptions opts = options_for(c, in);
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
   expect_same_bits_on_every_execution(p, opts);
+}
+
+// Every backend at 1, 2 and 3 threads (3 oversubscribes this 2-core machine), each run
+// determinism_repeats() times: fixed-length with every option, varlen with every option,
+// and a plain call at an odd head_dim with head_dim_v apart.
+TEST(Determinism, RepeatedRunsOnEveryBackendAndThreadCount) {
+  const int repeats = determinism_repeats();
+  {
+    const Combination c{everything, 48, Backend::serial, 1};
+    Problem p({2, 6, 2, 61, 90, c.head_dim}, KvStorage::interleaved, 97);
+    const ModifierInputs in = make_inputs(2, 6, 61, 90, true);
+    ForwardOptions opts = options_for(c, in);
+    opts.window_left = 30;
+    opts.sram_budget_bytes = forward_working_set_bytes(16, 32, c.head_dim);
+    opts.execution = {Backend::serial, 1};
+    p.run(opts);
+    expect_same_bits_on_every_execution(p, opts, repeats);
+  }
+  {
+    const Combination c{everything | top_left, 32, Backend::serial, 1};
+    VarlenProblem p({40, 0, 5, 70}, {50, 4, 0, 70}, 6, 3, c.head_dim, 98);
+    const ModifierInputs in = make_inputs(p.batch(), 6, p.max_q(), p.max_k(), true);
+    ForwardOptions opts = options_for(c, in);
+    opts.execution = {Backend::serial, 1};
+    p.run(opts);
+    expect_same_bits_on_every_execution(p, opts, repeats);
+  }
 }
 
 }  // namespace

@@ -106,8 +106,9 @@ void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, i
               " (scale * log2(e) must be a finite float), got " + std::to_string(p.softmax_scale));
   require(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
   require(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
-  require(std::isfinite(p.softcap) && p.softcap >= 0.0f, "softcap",
-          "must be finite and >= 0 (0: off), got " + std::to_string(p.softcap));
+  require(std::isfinite(p.softcap) && p.softcap >= 0.0f && p.softcap <= max_log, "softcap",
+          "must be finite, >= 0 (0: off) and at most " + std::to_string(max_log) +
+              " (softcap * log2(e) must be a finite float), got " + std::to_string(p.softcap));
   if (!p.alibi_slopes.empty()) {
     const auto n = static_cast<index_t>(p.alibi_slopes.size());
     require(n == p.heads() || n == batch * p.heads(), "alibi_slopes",

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -43,7 +44,9 @@ template <int R>
 using EmptyExtents = std::array<bool, static_cast<std::size_t>(R)>;
 
 /// The view's element count and its address range both fit: the product of the extents
-/// and the last element's offset fit in int64, and its last byte in the address space.
+/// and the last element's offset fit in int64, the bytes it spans in PTRDIFF_MAX (no
+/// object is larger, so pointer arithmetic across the view stays defined), and its last
+/// byte in the address space.
 template <class T, int R>
 void check_view_fits(const StridedView<T, R>& v, const std::string& name) {
   index_t count = 1, last = 0;
@@ -57,8 +60,9 @@ void check_view_fits(const StridedView<T, R>& v, const std::string& name) {
   }
   std::uintptr_t bytes = 0, end = 0;
   require(!__builtin_mul_overflow(static_cast<std::uintptr_t>(last) + 1, sizeof(T), &bytes) &&
+              bytes <= static_cast<std::uintptr_t>(std::numeric_limits<std::ptrdiff_t>::max()) &&
               !__builtin_add_overflow(reinterpret_cast<std::uintptr_t>(v.data), bytes, &end),
-          name, "its extents and strides reach past the end of the address space");
+          name, "its extents and strides span more than PTRDIFF_MAX bytes or reach past the end of the address space");
 }
 
 /// Non-null data, every size > 0 (or >= 0 where `may_be_empty` says), every stride >= 0,

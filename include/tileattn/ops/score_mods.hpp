@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numbers>
 #include <utility>
 
@@ -152,14 +153,18 @@ class ScoreModifiers {
   }
 
   /// s = C tanh(scale s / C) in log2 units, C = softcap * log2(e): raw scores in, log2 out.
-  /// In double, so that every finite softcap (up to FLT_MAX, down to the subnormals) gives
-  /// the definition's value: C and scale / softcap may lie outside float's range.
+  /// In double, so that every accepted softcap (from the subnormals up to
+  /// max_natural_log_magnitude, where C reaches FLT_MAX) gives the definition's value:
+  /// scale / softcap may lie outside float's range. The clamp only keeps rounding from
+  /// pushing a score at the cap past FLT_MAX.
   template <class ScoreTile>
   void apply_softcap(ScoreTile& s) const {
+    constexpr double largest = std::numeric_limits<float>::max();
     for (index_t r = 0; r < s.rows(); ++r) {
       float* row = s.row(r);
       for (index_t j = 0; j < s.cols(); ++j)
-        row[j] = static_cast<float>(softcap_ * std::tanh(static_cast<double>(row[j]) * softcap_in_));
+        row[j] = static_cast<float>(
+            std::clamp(softcap_ * std::tanh(static_cast<double>(row[j]) * softcap_in_), -largest, largest));
     }
   }
   template <class ScoreTile>

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# scripts/sanitize.sh: the reliability checks of .ci/run (docs/reliability.md):
+#   1. the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (g++,
+#      -fno-sanitize-recover=all, leaks checked), every backend;
+#   2. the suites that run the kernels on several threads under ThreadSanitizer (clang with
+#      LLVM's libomp and its Archer tool, so OpenMP's synchronisation is visible). Built
+#      without oneTBB: Debian's libtbb is not instrumented and its task hand-offs, inlined
+#      from its headers into our binaries, are reported by the dozen (docs/reliability.md);
+#   3. each libFuzzer harness under ASan + UBSan for TILEATTN_FUZZ_RUNS inputs (default
+#      20000) from its seed corpus.
+# Builds in build-asan/, build-tsan/ and build-fuzz/; exits non-zero on any report. Works
+# from any directory. Run one part with: scripts/sanitize.sh asan|tsan|fuzz
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+bash scripts/install_deps.sh
+
+jobs="$(nproc)"
+parts=("${@:-asan tsan fuzz}")
+read -r -a parts <<< "${parts[*]}"
+llvm_lib=/usr/lib/llvm-14/lib
+common=(-DTILEATTN_BUILD_BENCHMARKS=OFF -DTILEATTN_INSTALL=OFF --log-level=NOTICE)
+
+run_asan() {
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer (g++)"
+  cmake -S . -B build-asan "${common[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+    -DCMAKE_CXX_COMPILER=g++ -DTILEATTN_BUILD_EXAMPLES=ON \
+    -DCMAKE_CXX_FLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
+  cmake --build build-asan -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  TILEATTN_DETERMINISM_REPEATS=10 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE package
+}
+
+run_tsan() {
+  echo "== ThreadSanitizer (clang, libomp + Archer; serial and OpenMP backends)"
+  cmake -S . -B build-tsan "${common[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+    -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_TBB=OFF \
+    -DCMAKE_CXX_FLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=thread"
+  local targets=(backend_parallel_for_test backend_tsan_canary variants_combinations_test
+                 variants_nonfinite_test kernels_forward_test variants_gqa_test variants_varlen_test)
+  cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
+  OMP_TOOL_LIBRARIES="$llvm_lib/libarcher.so" \
+  TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 suppressions=$repo_root/tests/tsan.supp" \
+  TILEATTN_DETERMINISM_REPEATS=20 \
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" \
+      -R "^(backend_parallel_for_test|backend_tsan_canary|variants_combinations_test|variants_nonfinite_test|kernels_forward_test|variants_gqa_test|variants_varlen_test):" \
+      -E "SmallShapes|LongShapes|EveryCombination"
+}
+
+run_fuzz() {
+  echo "== libFuzzer harnesses (clang, ASan + UBSan)"
+  cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+    -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_BUILD_FUZZERS=ON \
+    -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-20000}"
+  cmake --build build-fuzz -j"$jobs" --target forward_fuzz
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-fuzz --output-on-failure -L fuzz
+}
+
+for part in "${parts[@]}"; do
+  case "$part" in
+    asan) run_asan ;;
+    tsan) run_tsan ;;
+    fuzz) run_fuzz ;;
+    *) echo "sanitize.sh: unknown part '$part' (asan, tsan, fuzz)" >&2; exit 2 ;;
+  esac
+done
