@@ -1,0 +1,22 @@
+# benchmarks/side_by_side/torch_sdpa.py: PyTorch CPU scaled_dot_product_attention on one shape: median,
+# min and max GFLOP/s of R runs after one warm-up (the same count as tileattn's timer).
+import sys, time, torch
+n, d, hq, hkv, causal, threads, repeats = map(int, sys.argv[1:8])
+dtype = torch.bfloat16 if len(sys.argv) > 8 and sys.argv[8] == "bf16" else torch.float32
+torch.set_num_threads(threads)
+g = torch.Generator().manual_seed(1)
+q = torch.randn(1, hq, n, d, generator=g).to(dtype)
+k = torch.randn(1, hkv, n, d, generator=g).to(dtype)
+v = torch.randn(1, hkv, n, d, generator=g).to(dtype)
+kw = dict(is_causal=bool(causal), enable_gqa=hq != hkv)
+s = []
+with torch.no_grad():
+    for r in range(repeats + 1):
+        t0 = time.perf_counter()
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+        if r > 0:
+            s.append(time.perf_counter() - t0)
+s.sort()
+flops = 4.0 * hq * n * n * d / (2 if causal else 1)
+print(f"torch {str(dtype)[6:]} N {n} d {d} H {hq}/{hkv} {'causal' if causal else 'full  '} threads {threads:2d}: "
+      f"GFLOP/s median {flops / s[len(s) // 2] * 1e-9:7.1f} min {flops / s[-1] * 1e-9:7.1f} max {flops / s[0] * 1e-9:7.1f}")
