@@ -50,13 +50,23 @@ inline TilePlan plan_forward(const PlanShape& shape, const ForwardOptions& optio
   return plan_forward_tiles(shape, effective_sram_budget(options), worker_count(options.execution));
 }
 
+namespace detail {
+/// The planner's view of a call on q, k, v: `sequences` sequences of at most max_seqlen_q
+/// queries and max_seqlen_k keys (the views' own for fixed-length batches).
+template <class T>
+PlanShape plan_shape(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
+                     index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k) {
+  const index_t heads_kv = std::max<index_t>(k.shape[dim::heads], 1);
+  return {q.shape[dim::head_dim], v.shape[dim::head_dim], max_seqlen_q, max_seqlen_k,
+          q.shape[dim::heads] / heads_kv, sequences * heads_kv};
+}
+}  // namespace detail
+
 /// The tile plan forward(q, k, v, ...) uses with these options.
 template <class T>
 TilePlan plan_forward(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
                       const ForwardOptions& options = {}) {
-  return plan_forward({q.shape[dim::head_dim], v.shape[dim::head_dim], q.shape[dim::seqlen],
-                       k.shape[dim::seqlen], q.shape[dim::heads] / std::max<index_t>(k.shape[dim::heads], 1),
-                       q.shape[dim::batch] * k.shape[dim::heads]},
+  return plan_forward(detail::plan_shape(q, k, v, q.shape[dim::batch], q.shape[dim::seqlen], k.shape[dim::seqlen]),
                       options);
 }
 
@@ -87,15 +97,9 @@ inline void check_budget(const ForwardOptions& options) {
               std::to_string(options.sram_budget_bytes));
 }
 
-template <class T>
-PlanShape plan_shape(const ForwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k) {
-  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.group_size(),
-          p.batch() * p.heads_kv()};
-}
-
 inline void run(const ForwardParams<float>& p, index_t max_seqlen_q, index_t max_seqlen_k,
                 const ForwardOptions& options) {
-  const TilePlan plan = plan_forward(plan_shape(p, max_seqlen_q, max_seqlen_k), options);
+  const TilePlan plan = plan_forward(plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k), options);
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo>(p, plan, options.execution);
   } else {
