@@ -10,9 +10,10 @@
 // ceil(G / Hc) items. So the planner picks, among the plans whose working set fits the
 // budget, the one with the fewest items per (sequence, K/V head):
 //   1. Bc candidates: FlashAttention's streamed-tile rule Bc = min(ceil(M / 2(d + dv)), d)
-//      (M: the budget in floats) and every multiple of 16 down to min(64, Nk) (or to the
-//      rule, when d < 64), so the micro-kernels keep rows of at least 64 scores. Only when
-//      not even a 64-key tile fits, every Bc below (multiples of 16, and 1).
+//      (M: the budget in floats) and every multiple of 16 between it and min(64, Nk) (down
+//      to the rule where the rule is below 64: d < 64 or a small budget), so the
+//      micro-kernels keep rows of at least 64 scores. Only when not even a 64-key tile
+//      fits, every Bc below (multiples of 16, and 1).
 //   2. For each Bc, the rows that fit, R; for each split of the group into equal chunks
 //      (Hc = ceil(G / chunks)), P = min(Nq, R / Hc) and items = ceil(Nq / P) x chunks.
 //   3. The fewest items wins; ties go to the larger Bc, then to fewer chunks.
