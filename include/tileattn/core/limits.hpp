@@ -1,5 +1,5 @@
 // tileattn/core/limits.hpp: every bound tileattn puts on an argument, in one place; a value
-// outside one is an invalid_argument naming the argument (docs/options.md, "Limits").
+// outside one is an invalid_argument naming the argument (docs/options.md, "Errors").
 #pragma once
 
 #include <cstddef>

@@ -77,7 +77,7 @@ inline constexpr float exact_shift_limit = 16777216.0f;  // 2^24
 
 namespace detail {
 /// A row that has seen nothing but -inf and NaN scores: P = 0, and a NaN poisons the sum.
-[[gnu::noinline, gnu::cold]] inline void mask_row(float* p, index_t n, float& sum) {
+inline void mask_row(float* p, index_t n, float& sum) {
   if (std::any_of(p, p + n, [](float x) { return std::isnan(x); })) sum = quiet_nan;
   std::fill_n(p, n, 0.0f);
 }

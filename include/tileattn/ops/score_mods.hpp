@@ -99,13 +99,13 @@ class ScoreModifiers {
       : window_(KeyWindow::of(p, seq)),
         to_log2_(p.softmax_scale * log2e),
         softcap_(static_cast<double>(p.softcap) * std::numbers::log2e),
+        softcap_in_(p.softcap > 0 ? static_cast<double>(p.softmax_scale) / static_cast<double>(p.softcap) : 0.0),
         bias_(slice_batch(p.bias, sequence)),
         mask_(slice_batch(p.mask, sequence)) {
     if (!p.alibi_slopes.empty()) {
       const bool per_sequence = static_cast<index_t>(p.alibi_slopes.size()) != p.heads();
       alibi_ = p.alibi_slopes.data() + (per_sequence ? sequence * p.heads() : 0);
     }
-    softcap_in_ = softcap_ > 0 ? static_cast<double>(p.softmax_scale) / static_cast<double>(p.softcap) : 0.0;
   }
 
   const KeyWindow& window() const { return window_; }
