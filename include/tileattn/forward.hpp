@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/detail/forward_checks.hpp"
 #include "tileattn/kernels/forward.hpp"
@@ -56,9 +58,23 @@ namespace detail {
 template <class T>
 PlanShape plan_shape(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
                      index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k) {
+  using Op = kernels::tile_operand_t<std::remove_const_t<T>>;
   const index_t heads_kv = std::max<index_t>(k.shape[dim::heads], 1);
-  return {q.shape[dim::head_dim], v.shape[dim::head_dim], max_seqlen_q, max_seqlen_k,
-          q.shape[dim::heads] / heads_kv, sequences * heads_kv};
+  return {q.shape[dim::head_dim], v.shape[dim::head_dim], max_seqlen_q,        max_seqlen_k,
+          q.shape[dim::heads] / heads_kv, sequences * heads_kv, kernels::tile_operands_v<Op>};
+}
+
+/// One storage type for Q, K, V and O per call (Q/K/V may be const or not; O may not).
+template <class Q, class K, class V, class O>
+constexpr void check_element_types() {
+  using T = std::remove_const_t<Q>;
+  static_assert(storage_type<T>,
+                "tileattn: Q, K, V and O must hold float, tileattn::bf16 or tileattn::fp16; view a "
+                "buffer of Eigen::bfloat16, Eigen::half, std::bfloat16_t or std::uint16_t through "
+                "tileattn::reinterpret_view<tileattn::bf16 or fp16>(view), or use tileattn/eigen.hpp");
+  static_assert(std::is_same_v<T, std::remove_const_t<K>> && std::is_same_v<T, std::remove_const_t<V>> &&
+                    std::is_same_v<T, O>,
+                "tileattn: Q, K, V and O must have the same element type (and O must not be const)");
 }
 }  // namespace detail
 
@@ -77,10 +93,10 @@ inline float default_scale(const ForwardOptions& options, index_t head_dim) {
       head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : 1.0f);
 }
 
-inline ForwardParams<float> make_params(TensorView<const float> q, TensorView<const float> k,
-                                        TensorView<const float> v, TensorView<float> o,
-                                        LseView lse, const ForwardOptions& opt) {
-  ForwardParams<float> p;
+template <class T>
+ForwardParams<T> make_params(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                             TensorView<T> o, LseView lse, const ForwardOptions& opt) {
+  ForwardParams<T> p;
   static_cast<ScoreOptions&>(p) = opt;
   p.q = q;
   p.k = k;
@@ -97,8 +113,9 @@ inline void check_budget(const ForwardOptions& options) {
               std::to_string(options.sram_budget_bytes));
 }
 
-inline void run(const ForwardParams<float>& p, index_t max_seqlen_q, index_t max_seqlen_k,
-                const ForwardOptions& options) {
+template <class T>
+void run(const ForwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
+         const ForwardOptions& options) {
   const TilePlan plan = plan_forward(plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k), options);
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo>(p, plan, options.execution);
@@ -112,6 +129,42 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
   return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
 }
 
+template <class T>
+void forward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<T> o,
+             LseView lse, const ForwardOptions& options) {
+  check_qkvo(q, k, v, o, padded_layout);
+  check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+  const ForwardParams<T> p = make_params(q, k, v, o, lse, options);
+  check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
+  check_budget(options);
+  check_aliasing(p);
+  run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
+}
+
+template <class T>
+void forward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<const T> v,
+                    PackedView<T> o, PackedLseView lse, const VarlenSequences& seqs,
+                    const ForwardOptions& options) {
+  check_qkvo(q, k, v, o, packed_layout);
+  check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
+  const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
+  ForwardParams<T> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse4, options);
+  require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
+  require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
+  require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
+  require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
+  check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], seqs.max_seqlen_q, "max_seqlen_q");
+  check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], seqs.max_seqlen_k, "max_seqlen_k");
+  p.cu_seqlens_q = seqs.cu_seqlens_q.data();
+  p.cu_seqlens_k = seqs.cu_seqlens_k.data();
+  p.num_sequences = batch;
+  check_options(p, batch, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
+  check_budget(options);
+  check_aliasing(p);
+  run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
+}
+
 }  // namespace detail
 
 /// O = softmax(scale * Q K^T, modified and masked as `options` says) V for every
@@ -119,23 +172,20 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
 /// denominator (natural log; -inf for rows that see no key, NaN for rows that see a NaN
 /// score). Query head h reads K/V head h / (heads_q / heads_kv). q and k have head_dim,
 /// v and o head_dim_v (each in 1..max_head_dim; they may differ).
-inline void forward(TensorView<const float> q, TensorView<const float> k,
-                    TensorView<const float> v, TensorView<float> o, LseView lse,
-                    const ForwardOptions& options = {}) {
-  detail::check_qkvo(q, k, v, o, detail::padded_layout);
-  detail::check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]},
-                    detail::lse_dims);
-  const ForwardParams<float> p = detail::make_params(q, k, v, o, lse, options);
-  detail::check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
-  detail::check_budget(options);
-  detail::check_aliasing(p);
-  detail::run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
+/// Q, K, V and O hold one storage type: float, bf16 or fp16 (core/half_types.hpp); S, the
+/// softmax statistics and O accumulate in float, O is rounded once when stored, and the LSE
+/// is float (docs/precision.md).
+template <class Q, class K, class V, class O>
+void forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+             const TensorView<O>& o, LseView lse, const ForwardOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  detail::forward<O>(q, k, v, o, lse, options);
 }
 
 /// forward() without the log-sum-exp output.
-inline void forward(TensorView<const float> q, TensorView<const float> k,
-                    TensorView<const float> v, TensorView<float> o,
-                    const ForwardOptions& options = {}) {
+template <class Q, class K, class V, class O>
+void forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+             const TensorView<O>& o, const ForwardOptions& options = {}) {
   forward(q, k, v, o, LseView{}, options);
 }
 
@@ -144,28 +194,12 @@ inline void forward(TensorView<const float> q, TensorView<const float> k,
 /// [heads_q, total_q] (optional). Causal, window and ALiBi align per sequence; a bias or
 /// mask is [B or 1, H or 1, max_seqlen_q, max_seqlen_k], indexed from each sequence's start.
 /// Empty sequences are allowed; a sequence with no keys gets O = 0, LSE = -inf.
-inline void forward_varlen(PackedView<const float> q, PackedView<const float> k,
-                           PackedView<const float> v, PackedView<float> o, PackedLseView lse,
-                           const VarlenSequences& seqs, const ForwardOptions& options = {}) {
-  detail::check_qkvo(q, k, v, o, detail::packed_layout);
-  detail::check_lse(lse, {q.shape[1], q.shape[0]}, detail::packed_lse_dims);
-  const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
-  ForwardParams<float> p = detail::make_params(detail::unpack(q), detail::unpack(k),
-                                               detail::unpack(v), detail::unpack(o), lse4, options);
-  detail::require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
-  const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
-  detail::require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
-  detail::require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
-  detail::require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
-  detail::check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], seqs.max_seqlen_q, "max_seqlen_q");
-  detail::check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], seqs.max_seqlen_k, "max_seqlen_k");
-  p.cu_seqlens_q = seqs.cu_seqlens_q.data();
-  p.cu_seqlens_k = seqs.cu_seqlens_k.data();
-  p.num_sequences = batch;
-  detail::check_options(p, batch, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
-  detail::check_budget(options);
-  detail::check_aliasing(p);
-  detail::run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
+template <class Q, class K, class V, class O>
+void forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
+                    const PackedView<O>& o, PackedLseView lse, const VarlenSequences& seqs,
+                    const ForwardOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  detail::forward_varlen<O>(q, k, v, o, lse, seqs, options);
 }
 
 }  // namespace tileattn

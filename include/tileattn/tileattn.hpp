@@ -4,6 +4,7 @@
 #include "tileattn/backend/execution.hpp"
 #include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/core/error.hpp"
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/strided_view.hpp"

@@ -30,9 +30,11 @@ TEST(TilePlan, WithinTenPercentOfTheBestLegalPlan) {
   for (index_t group : {1, 2, 3, 4, 5, 7, 8, 12, 16, 27, 32})
     for (index_t d : {32, 64, 128, 256, 72})
       for (std::size_t budget : {48u << 10, 96u << 10, 128u << 10, 256u << 10, 512u << 10, 1u << 20, 2u << 20})
-        for (index_t nq : {1, 7, 64, 300, 1000, 4096}) {
-          const PlanShape s{d, d, nq, 3000, group, 1};
-          if (forward_working_set_bytes(1, 1, d) > budget) continue;
+        for (index_t nq : {1, 7, 64, 300, 1000, 4096})
+         for (TileOperands operands : {TileOperands::fp32, TileOperands::bf16_pairs}) {
+          PlanShape s{d, d, nq, 3000, group, 1};
+          s.operands = operands;
+          if (forward_working_set_bytes(1, 1, d, d, operands) > budget) continue;
           const TilePlan plan = plan_one_worker(s, budget);
           const index_t got = items(plan.query_tile_rows, plan.heads_per_tile, nq, group);
           const index_t best = brute_force_items(s, budget);
@@ -40,7 +42,7 @@ TEST(TilePlan, WithinTenPercentOfTheBestLegalPlan) {
           worst = std::max(worst, ratio);
           ++cases;
           at_best += got == best;
-          EXPECT_LE(ratio, 1.10) << "group " << group << ", d " << d << ", budget " << budget
+          EXPECT_LE(ratio, 1.10) << "operands " << static_cast<int>(operands) << ", group " << group << ", d " << d << ", budget " << budget
                                  << ", Nq " << nq << ": " << got << " items, best " << best
                                  << " (plan " << plan.query_tile_rows << " x " << plan.heads_per_tile
                                  << " heads, Bc " << plan.key_tile_rows << ")";
@@ -91,13 +93,14 @@ TEST(TilePlan, GroupChunksAreEven) {
 TEST(TilePlan, AlwaysFitsTheBudget) {
   for (auto [d, dv] : {std::pair<index_t, index_t>{32, 32}, {64, 64}, {128, 128}, {256, 256}, {1, 1},
                        {59, 59}, {192, 128}, {40, 200}})
-    for (index_t group : {1, 4, 7}) {
-      const std::size_t smallest = forward_working_set_bytes(1, 1, d, dv);
+    for (index_t group : {1, 4, 7})
+     for (TileOperands operands : {TileOperands::fp32, TileOperands::bf16_pairs}) {
+      const std::size_t smallest = forward_working_set_bytes(1, 1, d, dv, operands);
       for (double budget_f = static_cast<double>(smallest); budget_f < 5e6; budget_f = budget_f * 1.37 + 13) {
         const auto budget = static_cast<std::size_t>(budget_f);
         for (auto [nq, nk] : {std::pair<index_t, index_t>{1, 1}, {17, 127}, {127, 17}, {1000, 1000}, {5000, 3}})
           for (int workers : {1, 16}) {
-            const TilePlan plan = plan_forward_tiles({d, dv, nq, nk, group, 3}, budget, workers);
+            const TilePlan plan = plan_forward_tiles({d, dv, nq, nk, group, 3, operands}, budget, workers);
             SCOPED_TRACE("d " + std::to_string(d) + "/" + std::to_string(dv) + ", group " +
                          std::to_string(group) + ", budget " + std::to_string(budget) + ", " +
                          std::to_string(nq) + " x " + std::to_string(nk));
@@ -108,7 +111,7 @@ TEST(TilePlan, AlwaysFitsTheBudget) {
             EXPECT_LE(plan.key_tile_rows, nk);
             EXPECT_LE(plan.heads_per_tile, group);
             EXPECT_EQ(plan.working_set_bytes,
-                      forward_working_set_bytes(plan.packed_rows(), plan.key_tile_rows, d, dv));
+                      forward_working_set_bytes(plan.packed_rows(), plan.key_tile_rows, d, dv, operands));
             EXPECT_LE(plan.working_set_bytes, budget);
             EXPECT_EQ(plan.sram_budget_bytes, budget);
             EXPECT_EQ(plan.query_tiles(nq), (nq + plan.query_tile_rows - 1) / plan.query_tile_rows);
@@ -196,9 +199,12 @@ TEST(TilePlan, PlanForwardUsesTheOptionsBudgetAndThreads) {
 
 // ---- The working set is exactly what the kernel carves -----------------------------------------
 
-TEST(ForwardWorkingSet, EqualsWhatForwardTilesCarves) {
+// Float operand tiles and bf16 pair tiles (which halve Q, K^T and V and add a bf16 P).
+template <class Op>
+void expect_working_set_equals_carve() {
+  constexpr TileOperands operands = kernels::tile_operands_v<Op>;
   for (auto [d, dv] : {std::pair<index_t, index_t>{32, 32}, {64, 64}, {128, 128}, {256, 256}, {1, 1},
-                       {72, 72}, {192, 128}})
+                       {72, 72}, {192, 128}, {17, 33}})
     for (index_t rows : {1, 3, 8, 16, 17, 64, 100})
       for (index_t heads : {1, 3})
         for (index_t bc : {1, 5, 16, 31, 64, 200}) {
@@ -206,31 +212,48 @@ TEST(ForwardWorkingSet, EqualsWhatForwardTilesCarves) {
           plan.query_tile_rows = rows;
           plan.key_tile_rows = bc;
           plan.heads_per_tile = heads;
-          const std::size_t bytes = forward_working_set_bytes(rows * heads, bc, d, dv);
+          const std::size_t bytes = forward_working_set_bytes(rows * heads, bc, d, dv, operands);
           ScratchArena arena(bytes);
-          const auto tiles = kernels::ForwardTiles::carve(arena, plan, d, dv);
+          const auto tiles = kernels::ForwardTiles<Op>::carve(arena, plan, d, dv);
           EXPECT_EQ(arena.used(), bytes) << "rows " << rows << ", heads " << heads << ", bc " << bc;
           EXPECT_EQ(tiles.q.capacity_rows(), rows * heads);
           EXPECT_EQ(tiles.s.capacity_cols(), bc);
-          EXPECT_EQ(tiles.k_t.capacity_rows(), d);
+          EXPECT_EQ(tiles.k_t.capacity_rows(), kernels::operand_cols<Op>(d));
+          EXPECT_EQ(tiles.v.capacity_rows(), kernels::operand_cols<Op>(bc));
           EXPECT_EQ(tiles.o.capacity_cols(), dv);
           // The exact budget suffices; one line less does not.
           ScratchArena tight(bytes - cache_line_bytes);
-          EXPECT_THROW(kernels::ForwardTiles::carve(tight, plan, d, dv), budget_error);
+          EXPECT_THROW(kernels::ForwardTiles<Op>::carve(tight, plan, d, dv), budget_error);
         }
 }
 
-TEST(ForwardWorkingSet, PlannedTilesCarveWithinTheBudget) {
+TEST(ForwardWorkingSet, EqualsWhatForwardTilesCarves) { expect_working_set_equals_carve<float>(); }
+TEST(ForwardWorkingSet, EqualsWhatBf16PairTilesCarve) { expect_working_set_equals_carve<bf16x2>(); }
+
+TEST(ForwardWorkingSet, Bf16PairTilesTakeLessThanFloatTiles) {
+  for (index_t d : {64, 128, 256})
+    EXPECT_LT(forward_working_set_bytes(128, 128, d, d, TileOperands::bf16_pairs),
+              forward_working_set_bytes(128, 128, d, d, TileOperands::fp32));
+}
+
+template <class Op>
+void expect_planned_tiles_fit() {
+  constexpr TileOperands operands = kernels::tile_operands_v<Op>;
   for (index_t d : test_head_dims)
-    for (std::size_t budget : {forward_working_set_bytes(1, 1, d), std::size_t{40000}, std::size_t{300000}, std::size_t{1} << 20}) {
-      if (budget < forward_working_set_bytes(1, 1, d)) continue;
-      const TilePlan plan = plan_one_worker({d, d, 999, 777, 2, 1}, budget);
+    for (std::size_t budget : {forward_working_set_bytes(1, 1, d, d, operands), std::size_t{40000}, std::size_t{300000}, std::size_t{1} << 20}) {
+      if (budget < forward_working_set_bytes(1, 1, d, d, operands)) continue;
+      PlanShape shape{d, d, 999, 777, 2, 1};
+      shape.operands = operands;
+      const TilePlan plan = plan_one_worker(shape, budget);
       ScratchArena arena(budget);
-      kernels::ForwardTiles::carve(arena, plan, d, d);
+      kernels::ForwardTiles<Op>::carve(arena, plan, d, d);
       EXPECT_EQ(arena.used(), plan.working_set_bytes);
       EXPECT_LE(arena.high_water(), budget);
     }
 }
+
+TEST(ForwardWorkingSet, PlannedTilesCarveWithinTheBudget) { expect_planned_tiles_fit<float>(); }
+TEST(ForwardWorkingSet, PlannedBf16PairTilesCarveWithinTheBudget) { expect_planned_tiles_fit<bf16x2>(); }
 
 }  // namespace
 }  // namespace tileattn::test

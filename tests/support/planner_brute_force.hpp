@@ -28,7 +28,7 @@ inline index_t items(index_t positions, index_t heads, index_t nq, index_t group
 inline index_t brute_force_items(const PlanShape& s, std::size_t budget) {
   const index_t nk = s.seqlen_k, floor = std::min(fast_keys, nk);
   const auto fits = [&](index_t rows, index_t bc) {
-    return forward_working_set_bytes(rows, bc, s.head_dim, s.value_dim()) <= budget;
+    return forward_working_set_bytes(rows, bc, s.head_dim, s.value_dim(), s.operands) <= budget;
   };
   const index_t lowest_bc = fits(1, floor) ? floor : 1;
   index_t best = 0;

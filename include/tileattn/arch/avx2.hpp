@@ -22,11 +22,15 @@
 
 #include "tileattn/arch/blocked_transpose.hpp"
 #include "tileattn/arch/exp2.hpp"
+#include "tileattn/arch/generic.hpp"
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/types.hpp"
 
 namespace tileattn::arch::avx2 {
 
 inline constexpr const char* name = "avx2";
+/// No bf16 dot product in AVX2: bf16 tiles are converted to float when loaded.
+inline constexpr bool bf16_dot_product = false;
 
 namespace detail {
 
@@ -368,6 +372,67 @@ inline void transpose(index_t rows, index_t cols, const float* src, index_t lds,
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0. Same polynomial as the rows.
 inline float exp2(float x) { return _mm256_cvtss_f32(detail::exp2(_mm256_set1_ps(x))); }
+
+/// dst[j] = float(src[j]), exact: bf16 is the upper half of a float; fp16 goes through F16C
+/// where the target has it. The tail (and fp16 without F16C) is generic's.
+inline void to_float(const bf16* src, float* dst, index_t n) {
+  index_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j));
+    _mm256_storeu_ps(dst + j, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  generic::to_float(src + j, dst + j, n - j);
+}
+
+inline void to_float(const fp16* src, float* dst, index_t n) {
+  index_t j = 0;
+#if defined(__F16C__)
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
+#endif
+  generic::to_float(src + j, dst + j, n - j);
+}
+
+/// dst[j] = src[j] rounded to nearest even, NaN kept quiet, as bf16(float) does: integer
+/// rounding on the bits (exact for subnormals too), 8 lanes at a time.
+inline void from_float(const float* src, bf16* dst, index_t n) {
+  index_t j = 0;
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+  const __m256i quiet = _mm256_set1_epi32(0x00400000);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 x = _mm256_loadu_ps(src + j);
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+    __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(bias, odd));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, quiet), nan);
+    const __m256i halves = _mm256_srli_epi32(rounded, 16);  // 8 x 16 bits in 32-bit lanes
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(halves), _mm256_extracti128_si256(halves, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j), packed);
+  }
+  generic::from_float(src + j, dst + j, n - j);
+}
+
+inline void from_float(const float* src, fp16* dst, index_t n) {
+  index_t j = 0;
+#if defined(__F16C__)
+  for (; j + 8 <= n; j += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  generic::from_float(src + j, dst + j, n - j);
+}
+
+// bf16 pair operands are never used with AVX2 (bf16_dot_product is false); generic's
+// versions keep the interface the same as every arch's.
+template <bool Accumulate>
+void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
+          index_t ldb, float* c, index_t ldc) {
+  generic::gemm<Accumulate>(m, n, k, a, lda, b, ldb, c, ldc);
+}
+using generic::interleave_pairs;
+using generic::round_to_pairs;
+inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
 
 }  // namespace tileattn::arch::avx2
 

@@ -19,10 +19,14 @@
 
 #include <immintrin.h>
 
+#include <bit>
+#include <cstdint>
 #include <limits>
 
 #include "tileattn/arch/blocked_transpose.hpp"
 #include "tileattn/arch/exp2.hpp"
+#include "tileattn/arch/generic.hpp"
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/types.hpp"
 
 // GCC 12 reports -Wmaybe-uninitialized inside several unmasked AVX-512 intrinsics (they
@@ -36,6 +40,13 @@
 namespace tileattn::arch::avx512 {
 
 inline constexpr const char* name = "avx512";
+/// With AVX-512 BF16 (vdpbf16ps), bf16 tiles are multiplied as bf16 pairs into float
+/// accumulators; without it they are converted to float when loaded.
+#if defined(__AVX512BF16__)
+inline constexpr bool bf16_dot_product = true;
+#else
+inline constexpr bool bf16_dot_product = false;
+#endif
 
 namespace detail {
 
@@ -48,14 +59,45 @@ inline __mmask16 first_lanes(index_t count) {
   return static_cast<__mmask16>((1u << count) - 1u);
 }
 
+/// How the gemm loads, broadcasts and multiplies one element type of A and B: float (one
+/// FMA per element) or, with AVX-512 BF16, bf16 pairs (vdpbf16ps: two products per 32-bit
+/// lane, into the same float accumulators). The register blocking is shared.
+template <class E>
+struct Operand;
+
+template <>
+struct Operand<float> {
+  using vec = __m512;
+  static vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static vec load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+  static vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static void store_aligned(float* p, vec v) { _mm512_store_ps(p, v); }
+  static __m512 madd(__m512 acc, vec a, vec b) { return _mm512_fmadd_ps(a, b, acc); }
+};
+
+#if defined(__AVX512BF16__)
+template <>
+struct Operand<bf16x2> {
+  using vec = __m512i;
+  static vec load(const bf16x2* p) { return _mm512_loadu_si512(p); }
+  static vec load(const bf16x2* p, __mmask16 m) { return _mm512_maskz_loadu_epi32(m, p); }
+  static vec broadcast(const bf16x2* p) { return _mm512_set1_epi32(std::bit_cast<std::int32_t>(*p)); }
+  static void store_aligned(bf16x2* p, vec v) { _mm512_store_si512(p, v); }
+  static __m512 madd(__m512 acc, vec a, vec b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);  // acc + a.hi b.hi + a.lo b.lo
+  }
+};
+#endif
+
 /// C (Rows x Vectors*16, the last vector limited to the lanes in `last`) (+)= A B over the
 /// whole K. Everything unrolls at compile time into straight-line FMAs on registers.
 /// The last vector's loads and stores always go through the mask (all ones for a full
 /// panel): a masked zmm load costs what a plain one does, and one instantiation instead
 /// of two per shape cuts the compile time of every TU that runs a forward pass by a third.
-template <int Rows, int Vectors, bool Accumulate>
-inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, index_t ldb,
+template <int Rows, int Vectors, bool Accumulate, class E>
+inline void gemm_block(index_t k, const E* a, index_t lda, const E* b, index_t ldb,
                        float* c, index_t ldc, __mmask16 last) {
+  using Op = Operand<E>;
   __m512 acc[Rows][Vectors];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r) {
@@ -71,17 +113,16 @@ inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, i
     }
   }
   for (index_t p = 0; p < k; ++p) {
-    const float* bp = b + p * ldb;
-    __m512 bv[Vectors];
+    const E* bp = b + p * ldb;
+    typename Op::vec bv[Vectors];
 #pragma GCC unroll 4
     for (int v = 0; v < Vectors; ++v)
-      bv[v] = v == Vectors - 1 ? _mm512_maskz_loadu_ps(last, bp + v * lanes)
-                               : _mm512_loadu_ps(bp + v * lanes);
+      bv[v] = v == Vectors - 1 ? Op::load(bp + v * lanes, last) : Op::load(bp + v * lanes);
 #pragma GCC unroll 8
     for (int r = 0; r < Rows; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r * lda + p]);
+      const typename Op::vec ar = Op::broadcast(a + r * lda + p);
 #pragma GCC unroll 4
-      for (int v = 0; v < Vectors; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+      for (int v = 0; v < Vectors; ++v) acc[r][v] = Op::madd(acc[r][v], ar, bv[v]);
     }
   }
 #pragma GCC unroll 8
@@ -97,9 +138,9 @@ inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, i
 }
 
 /// The last `rows_left` (< Rows) rows of a panel: one block instantiated for that count.
-template <int Rows, int Vectors, bool Accumulate>
-inline void gemm_row_tail(index_t rows_left, index_t k, const float* a, index_t lda,
-                          const float* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
+template <int Rows, int Vectors, bool Accumulate, class E>
+inline void gemm_row_tail(index_t rows_left, index_t k, const E* a, index_t lda,
+                          const E* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
   if constexpr (Rows > 0) {
     if (rows_left == Rows)
       gemm_block<Rows, Vectors, Accumulate>(k, a, lda, b, ldb, c, ldc, last);
@@ -109,8 +150,8 @@ inline void gemm_row_tail(index_t rows_left, index_t k, const float* a, index_t 
 }
 
 /// One column panel of C (all M rows, Vectors*16 columns) in blocks of block_rows rows.
-template <int Vectors, bool Accumulate>
-inline void gemm_panel(index_t m, index_t k, const float* a, index_t lda, const float* b,
+template <int Vectors, bool Accumulate, class E>
+inline void gemm_panel(index_t m, index_t k, const E* a, index_t lda, const E* b,
                        index_t ldb, float* c, index_t ldc, __mmask16 last) {
   index_t i = 0;
   for (; i + block_rows <= m; i += block_rows)
@@ -125,16 +166,15 @@ inline constexpr index_t pack_depth = 128;               // rows of B per packed
 inline constexpr index_t pack_min_rows = 3 * block_rows;  // fewer rows of C: B is read in place
 
 /// packed (depth x Vectors*16, contiguous) = B (depth x Vectors*16), masked lanes zeroed.
-template <int Vectors>
-inline void pack_panel(index_t depth, const float* b, index_t ldb, float* packed,
-                       __mmask16 last) {
+template <int Vectors, class E>
+inline void pack_panel(index_t depth, const E* b, index_t ldb, E* packed, __mmask16 last) {
+  using Op = Operand<E>;
   for (index_t p = 0; p < depth; ++p) {
 #pragma GCC unroll 4
     for (int v = 0; v < Vectors; ++v) {
-      const float* from = b + p * ldb + v * lanes;
-      _mm512_store_ps(packed + (p * Vectors + v) * lanes,
-                      v == Vectors - 1 ? _mm512_maskz_loadu_ps(last, from)
-                                       : _mm512_loadu_ps(from));
+      const E* from = b + p * ldb + v * lanes;
+      Op::store_aligned(packed + (p * Vectors + v) * lanes,
+                        v == Vectors - 1 ? Op::load(from, last) : Op::load(from));
     }
   }
 }
@@ -142,15 +182,15 @@ inline void pack_panel(index_t depth, const float* b, index_t ldb, float* packed
 /// gemm_panel, with B copied into an L1-resident buffer pack_depth rows of K at a time
 /// when there are enough rows of C to reuse each copy. The accumulators pass through C
 /// between depth blocks exactly (fp32 stores and loads), so results do not depend on it.
-template <int Vectors, bool Accumulate>
-inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda, const float* b,
+template <int Vectors, bool Accumulate, class E>
+inline void gemm_panel_packed(index_t m, index_t k, const E* a, index_t lda, const E* b,
                               index_t ldb, float* c, index_t ldc, __mmask16 last) {
   if (m < pack_min_rows || k == 0) {
     gemm_panel<Vectors, Accumulate>(m, k, a, lda, b, ldb, c, ldc, last);
     return;
   }
   constexpr index_t packed_ld = Vectors * lanes;
-  alignas(64) float packed[pack_depth * packed_ld];
+  alignas(64) E packed[pack_depth * packed_ld];
   for (index_t p0 = 0; p0 < k; p0 += pack_depth) {
     const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
     pack_panel<Vectors>(depth, b + p0 * ldb, ldb, packed, last);
@@ -161,9 +201,9 @@ inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda,
   }
 }
 
-template <bool Accumulate>
-inline void gemm_panel_of(int vectors, index_t m, index_t k, const float* a, index_t lda,
-                          const float* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
+template <bool Accumulate, class E>
+inline void gemm_panel_of(int vectors, index_t m, index_t k, const E* a, index_t lda,
+                          const E* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
   switch (vectors) {
     case 1: gemm_panel_packed<1, Accumulate>(m, k, a, lda, b, ldb, c, ldc, last); break;
     case 2: gemm_panel_packed<2, Accumulate>(m, k, a, lda, b, ldb, c, ldc, last); break;
@@ -243,9 +283,10 @@ inline void transpose_block(index_t rows, index_t cols, const float* src, index_
 }  // namespace detail
 
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
-/// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0.
-template <bool Accumulate>
-void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const float* b,
+/// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0. E is float, or bf16x2 where
+/// bf16_dot_product (K then counts pairs; generic's gemm says how a pair product sums).
+template <bool Accumulate, class E>
+void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b,
           index_t ldb, float* c, index_t ldc) {
   using namespace detail;
   if (m <= 0 || n <= 0) return;
@@ -355,6 +396,115 @@ inline void transpose(index_t rows, index_t cols, const float* src, index_t lds,
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0. Same polynomial as the rows.
 inline float exp2(float x) { return _mm512_cvtss_f32(detail::exp2(_mm512_set1_ps(x))); }
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)  // 16-bit lanes and masked ymm moves
+
+namespace detail {
+/// 16 bf16 (as 16-bit lanes of a ymm) -> 16 floats: each shifted into a float's upper half.
+inline __m512 bf16_to_ps(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+/// 16 floats -> 16 bf16 rounded to nearest even on the bits (exact for subnormals, NaN quiet).
+inline __m256i ps_to_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+}  // namespace detail
+
+/// dst[j] = float(src[j]), exact; 16 lanes at a time, the tail through a mask.
+inline void to_float(const bf16* src, float* dst, index_t n) {
+  using detail::lanes;
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
+    _mm512_mask_storeu_ps(dst + j, m, detail::bf16_to_ps(_mm256_maskz_loadu_epi16(m, src + j)));
+  }
+}
+
+inline void to_float(const fp16* src, float* dst, index_t n) {
+  using detail::lanes;
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
+    _mm512_mask_storeu_ps(dst + j, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + j)));
+  }
+}
+
+/// dst[j] = src[j] rounded to nearest even (as bf16(float) and fp16(float) do).
+inline void from_float(const float* src, bf16* dst, index_t n) {
+  using detail::lanes;
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
+    _mm256_mask_storeu_epi16(dst + j, m, detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, src + j)));
+  }
+}
+
+inline void from_float(const float* src, fp16* dst, index_t n) {
+  using detail::lanes;
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
+    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_mask_storeu_epi16(dst + j, m, h);
+  }
+}
+
+/// dst[c] = (a[c], b[c]) for c < n: two rows of bf16 interleaved into pairs, the B operand
+/// of a product that sums over rows (V in P V); b == nullptr pairs a with zeros.
+inline void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t n) {
+  using detail::lanes;
+  for (index_t c = 0; c < n; c += lanes) {
+    const __mmask16 m = detail::first_lanes(n - c < lanes ? n - c : lanes);
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + c));
+    const __m512i hi = b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + c)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+
+/// dst (ceil(n / 2) pairs) = x[0..n) rounded to bf16, in order, an odd n padded with a zero:
+/// the probabilities P as the A operand of P V.
+inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) {
+  using detail::lanes;
+  auto* out = reinterpret_cast<bf16*>(dst);
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
+    _mm256_mask_storeu_epi16(out + j, m, detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, x + j)));
+  }
+  if (n % 2) out[n] = bf16{};
+}
+
+/// True when no value of the n pairs is Inf or NaN (bf16 exponent bits all ones).
+inline bool all_finite(const bf16x2* x, index_t n) {
+  using detail::lanes;
+  const __m512i exponent = _mm512_set1_epi16(0x7f80);
+  __mmask32 bad = 0;
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
+    const __m512i bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(m, x + j), exponent);
+    bad |= _mm512_cmpeq_epi16_mask(bits, exponent);
+  }
+  return bad == 0;
+}
+
+#else  // AVX-512F alone (Xeon Phi): the 16-bit moves are generic's
+
+using generic::from_float;
+using generic::interleave_pairs;
+using generic::round_to_pairs;
+using generic::to_float;
+inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
+
+#endif  // __AVX512BW__ && __AVX512VL__
+
+#if !defined(__AVX512BF16__)
+/// Without AVX-512 BF16 the kernels never multiply bf16 pairs; this keeps the interface whole.
+template <bool Accumulate>
+void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
+          index_t ldb, float* c, index_t ldc) {
+  generic::gemm<Accumulate>(m, n, k, a, lda, b, ldb, c, ldc);
+}
+#endif
 
 }  // namespace tileattn::arch::avx512
 

@@ -1,18 +1,26 @@
 // tileattn/arch/generic.hpp: portable scalar micro-kernels: the reference every SIMD arch
 // file must match, and the fallback for targets without one.
 //
-// Every arch namespace provides the same eight functions with the same contracts, so
-// ops/ can call `arch::native::` without knowing which one it got.
+// Every arch namespace provides the same functions with the same contracts, so ops/ and
+// memory/ can call `arch::native::` without knowing which one it got: gemm, row_max,
+// exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2,
+// transpose, and the 16-bit conversions to_float / from_float. An arch whose gemm also
+// multiplies bf16 pairs (bf16x2 operands, core/half_types.hpp) says so with
+// bf16_dot_product = true; generic has such a gemm too, as the reference, but keeps
+// bf16_dot_product false: converting bf16 to float tiles is faster in scalar code.
 #pragma once
 
 #include <cmath>
 #include <limits>
 
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/types.hpp"
 
 namespace tileattn::arch::generic {
 
 inline constexpr const char* name = "generic";
+/// Whether forward kernels multiply bf16 tiles as bf16 pairs (else they convert to float).
+inline constexpr bool bf16_dot_product = false;
 
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
 /// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0.
@@ -31,6 +39,25 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
 #else
       for (index_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
 #endif
+    }
+  }
+}
+
+/// The same over bf16 pairs: C[i][j] (+)= sum_p A[i][p] . B[p][j], each pair product
+/// accumulated as the hardware's dot-product instruction does it, high halves first:
+/// c = (c + a.hi b.hi) + a.lo b.lo (products of bf16 values are exact in float).
+template <bool Accumulate>
+void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
+          index_t ldb, float* c, index_t ldc) {
+  for (index_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    if constexpr (!Accumulate)
+      for (index_t j = 0; j < n; ++j) ci[j] = 0.0f;
+    for (index_t p = 0; p < k; ++p) {
+      const float lo = to_float(a[i * lda + p].lo), hi = to_float(a[i * lda + p].hi);
+      const bf16x2* bp = b + p * ldb;
+      for (index_t j = 0; j < n; ++j)
+        ci[j] = (ci[j] + hi * to_float(bp[j].hi)) + lo * to_float(bp[j].lo);
     }
   }
 }
@@ -75,6 +102,35 @@ inline bool all_finite(const float* x, index_t n) {
 /// x[j] *= factor.
 inline void scale(float* x, index_t n, float factor) {
   for (index_t j = 0; j < n; ++j) x[j] *= factor;
+}
+
+/// dst[j] = float(src[j]) (exact).
+template <class Half>
+void to_float(const Half* src, float* dst, index_t n) {
+  for (index_t j = 0; j < n; ++j) dst[j] = tileattn::to_float(src[j]);
+}
+
+/// dst[j] = src[j] rounded to bf16 or fp16 (to nearest even; core/half_types.hpp).
+template <class Half>
+void from_float(const float* src, Half* dst, index_t n) {
+  for (index_t j = 0; j < n; ++j) dst[j] = Half(src[j]);
+}
+
+/// dst[c] = (a[c], b[c]) for c < n: two rows interleaved into pairs (b == nullptr: zeros).
+inline void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t n) {
+  for (index_t c = 0; c < n; ++c) dst[c] = {a[c], b ? b[c] : bf16{}};
+}
+
+/// dst (ceil(n / 2) pairs) = x[0..n) rounded to bf16, in order, an odd n padded with a zero.
+inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) {
+  for (index_t j = 0; j < n; j += 2) dst[j / 2] = {bf16(x[j]), j + 1 < n ? bf16(x[j + 1]) : bf16{}};
+}
+
+/// True when no value of the n pairs is Inf or NaN.
+inline bool all_finite(const bf16x2* x, index_t n) {
+  for (index_t j = 0; j < n; ++j)
+    if ((x[j].lo.bits & 0x7f80) == 0x7f80 || (x[j].hi.bits & 0x7f80) == 0x7f80) return false;
+  return true;
 }
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0.

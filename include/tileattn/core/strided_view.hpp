@@ -83,6 +83,19 @@ MatrixView<T> head_matrix(const TensorView<T>& t, index_t batch, index_t head) {
           t.stride[dim::head_dim]};
 }
 
+/// The same view over elements of type To that have From's size and alignment: how a
+/// buffer of Eigen::bfloat16, std::bfloat16_t or raw std::uint16_t is seen as tileattn::bf16
+/// (core/half_types.hpp). Const stays const. Strides and shape are unchanged.
+template <class To, class From, int Rank>
+auto reinterpret_view(const StridedView<From, Rank>& v) {
+  using Target = std::conditional_t<std::is_const_v<From>, const To, To>;
+  static_assert(sizeof(To) == sizeof(From) && alignof(To) <= alignof(From),
+                "reinterpret_view: the element types must have the same size (and To no stricter alignment)");
+  static_assert(std::is_trivially_copyable_v<To> && std::is_trivially_copyable_v<std::remove_const_t<From>>,
+                "reinterpret_view: both element types must be trivially copyable");
+  return StridedView<Target, Rank>{reinterpret_cast<Target*>(v.data), v.shape, v.stride};
+}
+
 /// A view over a contiguous [batch, seqlen, heads, head_dim] buffer (FlashAttention's layout).
 template <class T>
 TensorView<T> make_bshd(T* data, index_t batch, index_t seqlen, index_t heads, index_t head_dim) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <numbers>
+#include <type_traits>
 #include <vector>
 
 #include "tileattn/backend/parallel_for.hpp"
@@ -32,22 +33,50 @@ inline constexpr bool prefetch_next_kv_tile = false;
 inline constexpr bool prefetch_next_kv_tile = true;
 #endif
 
+/// The SRAM operand type of Q, K, V and P for storage type T: bf16 pairs where the arch
+/// multiplies them natively (arch::native::bf16_dot_product), float otherwise (fp16 has no
+/// such instruction here; float tiles keep its 11-bit significands exact, where bf16 tiles
+/// would drop 3 bits: docs/precision.md).
+template <class T>
+using tile_operand_t =
+    std::conditional_t<std::is_same_v<T, bf16> && arch::native::bf16_dot_product, bf16x2, float>;
+
+template <class Op>
+inline constexpr TileOperands tile_operands_v =
+    std::is_same_v<Op, bf16x2> ? TileOperands::bf16_pairs : TileOperands::fp32;
+
+/// Operand columns that hold n values (pairs hold two).
+template <class Op>
+constexpr index_t operand_cols(index_t n) {
+  return std::is_same_v<Op, bf16x2> ? (n + 1) / 2 : n;
+}
+
 /// Everything one forward work item keeps in SRAM. Footprint: forward_working_set_bytes.
+/// Op is float or bf16x2 (tile_operand_t); S and O accumulate in float either way.
+template <class Op>
 struct ForwardTiles {
-  Tile<float> q;          // (Br, d) packed queries
-  Tile<float> k_t;        // (d, Bc) keys, transposed
-  Tile<float> v;          // (Bc, dv) values
+  static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
+  Tile<Op> q;             // (Br, d) packed queries
+  Tile<Op> k_t;           // (d, Bc) keys, transposed
+  Tile<Op> v;             // (Bc, dv) values
   Tile<float> s;          // (Br, Bc) scores, then probabilities
+  Tile<Op> p;             // (Br, Bc) probabilities rounded for P V (bf16 pairs only)
   Tile<float> o;          // (Br, dv) output accumulator
   ops::RowStats stats;    // (Br) running max and sum
   TileVector<float> lse;  // (Br)
 
   static ForwardTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
     const index_t br = plan.packed_rows(), bc = plan.key_tile_rows;
-    return {Tile<float>::carve(arena, br, d),  Tile<float>::carve(arena, d, bc),
-            Tile<float>::carve(arena, bc, dv), Tile<float>::carve(arena, br, bc),
-            Tile<float>::carve(arena, br, dv), ops::RowStats::carve(arena, br),
-            TileVector<float>::carve(arena, br)};
+    ForwardTiles t;
+    t.q = Tile<Op>::carve(arena, br, operand_cols<Op>(d));
+    t.k_t = Tile<Op>::carve(arena, operand_cols<Op>(d), bc);
+    t.v = Tile<Op>::carve(arena, operand_cols<Op>(bc), dv);
+    t.s = Tile<float>::carve(arena, br, bc);
+    if constexpr (pairs) t.p = Tile<Op>::carve(arena, br, operand_cols<Op>(bc));
+    t.o = Tile<float>::carve(arena, br, dv);
+    t.stats = ops::RowStats::carve(arena, br);
+    t.lse = TileVector<float>::carve(arena, br);
+    return t;
   }
 };
 
@@ -64,12 +93,12 @@ MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_
 /// One key tile's work for the packed rows `rows`, which start at row first_row of the
 /// tiles. A V tile with an Inf or NaN takes the row-by-row path that never multiplies it
 /// by the zero probability of a masked key.
-template <class Io>
-void attend_key_tile(ForwardTiles& t, const ops::ScoreModifiers& mods,
+template <class Op, class Io>
+void attend_key_tile(ForwardTiles<Op>& t, const ops::ScoreModifiers& mods,
                      const ops::PackedRows& rows, index_t first_row, index_t col0,
                      bool values_finite, Io& io) {
   if (rows.count() == 0) return;
-  const Tile<float> q = t.q.slice_rows(first_row, rows.count());
+  const Tile<Op> q = t.q.slice_rows(first_row, rows.count());
   Tile<float> o = t.o.slice_rows(first_row, rows.count());
   Tile<float> s = t.s.slice_rows(first_row, rows.count());
   ops::RowStats stats = t.stats.slice(first_row, rows.count());
@@ -77,15 +106,21 @@ void attend_key_tile(ForwardTiles& t, const ops::ScoreModifiers& mods,
   mods.apply(s, rows, col0, io);                                   // softcap, biases, masks
   if (values_finite) {
     ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (rows, Bc)
-    ops::matmul_accumulate(o, s, t.v);                             // (rows, dv)
+    if constexpr (ForwardTiles<Op>::pairs) {
+      Tile<Op> p = t.p.slice_rows(first_row, rows.count());
+      ops::round_to_pairs(p, s);                                   // P in bf16, as on GPUs
+      ops::matmul_accumulate(o, p, t.v);                           // (rows, dv)
+    } else {
+      ops::matmul_accumulate(o, s, t.v);                           // (rows, dv)
+    }
   } else {
     ops::online_softmax_step_visible_values(s, stats, o, t.v, mods.to_log2());
   }
 }
 
-template <class Io>
-void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
-                         const QueryBlock& blk, ForwardTiles& t, Io& io) {
+template <class T, class Op, class Io>
+void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan,
+                         const QueryBlock& blk, ForwardTiles<Op>& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
   const ops::PackedRows& rows = blk.rows;
@@ -97,10 +132,10 @@ void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
   const auto v = sequence_matrix(p.v, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
 
   for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, d) per head
-    Tile<float> q_head = t.q.slice_rows(g * rows.positions, rows.positions);
+    Tile<Op> q_head = t.q.slice_rows(g * rows.positions, rows.positions);
     load_rows(q_head, q_of(p.q, g), rows.position0, rows.positions, io);
   }
-  t.q.set_extent(rows.count(), p.head_dim());                      // (Br, d)
+  t.q.set_extent(rows.count(), operand_cols<Op>(p.head_dim()));    // (Br, d)
   t.o.set_extent(rows.count(), p.head_dim_v());                    // (Br, dv)
   ops::fill(t.o, 0.0f);
   t.stats.reset(rows.count());
@@ -112,7 +147,7 @@ void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
   for (index_t col0 = mods.window().first(rows.position0) / bc * bc; col0 < key_end; col0 += bc) {
     const index_t cols = std::min(bc, key_end - col0);
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
-    load_rows(t.v, v, col0, cols, io);                             // (Bc, dv)
+    load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
     if (const index_t next = col0 + cols; prefetch_next_kv_tile && next < key_end) {
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
@@ -142,14 +177,15 @@ void forward_query_block(const ForwardParams<float>& p, const TilePlan& plan,
 }
 
 /// Runs every work item under `exec`; returns the HBM traffic counted (zero unless Io counts).
-/// Each worker's scratch holds exactly the plan's working set.
-template <class Io>
-IoCounts run_forward(const ForwardParams<float>& p, const TilePlan& plan, const Execution& exec) {
+/// Each worker's scratch holds exactly the plan's working set (planned for tile_operand_t<T>).
+template <class Io, class T>
+IoCounts run_forward(const ForwardParams<T>& p, const TilePlan& plan, const Execution& exec) {
+  using Op = tile_operand_t<T>;
   const ForwardWorkList work(p, plan);
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
   parallel_for(exec, work.size(), [&](index_t item, int worker) {
-    auto tiles = ForwardTiles::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(),
-                                     p.head_dim_v());
+    auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan,
+                                         p.head_dim(), p.head_dim_v());
     forward_query_block(p, plan, work[item], tiles, io[static_cast<std::size_t>(worker)]);
   });
   IoCounts total;

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "tileattn/core/error.hpp"
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/tile.hpp"
 
 namespace tileattn {
@@ -51,6 +52,10 @@ struct TilePlan {
   }
 };
 
+/// How the kernel holds its operand tiles: float, or bf16 pairs (the bf16 dot-product
+/// micro-kernels': Q, K^T, V and P in 2 bytes per value, plus a bf16 copy of P).
+enum class TileOperands { fp32, bf16_pairs };
+
 /// What the planner needs to know of a call.
 struct PlanShape {
   index_t head_dim = 0;    // Q and K
@@ -59,6 +64,7 @@ struct PlanShape {
   index_t seqlen_k = 0;
   index_t group_size = 1;  // query heads per K/V head
   index_t kv_streams = 1;  // independent (sequence, K/V head) pairs: batch x heads_kv
+  TileOperands operands = TileOperands::fp32;
 
   index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
@@ -75,13 +81,22 @@ constexpr index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 
 /// Bytes the forward kernel carves for br packed query rows and bc keys: Q (br x d),
 /// O (br x dv), K^T (d x bc), V (bc x dv), S (br x bc), and three per-row vectors (max,
-/// sum, lse).
+/// sum, lse); with bf16 pair operands Q, K^T and V take half the bytes (pairs along d for
+/// Q and K^T, along keys for V) and P adds a bf16 copy of S (br x bc).
 constexpr std::size_t forward_working_set_bytes(index_t br, index_t bc, index_t head_dim,
-                                                index_t head_dim_v) {
+                                                index_t head_dim_v,
+                                                TileOperands operands = TileOperands::fp32) {
   using FloatTile = Tile<float>;
-  return FloatTile::footprint(br, head_dim) + FloatTile::footprint(br, head_dim_v) +
-         FloatTile::footprint(head_dim, bc) + FloatTile::footprint(bc, head_dim_v) +
-         FloatTile::footprint(br, bc) + 3 * TileVector<float>::footprint(br);
+  const std::size_t accumulators = FloatTile::footprint(br, head_dim_v) + FloatTile::footprint(br, bc) +
+                                   3 * TileVector<float>::footprint(br);
+  if (operands == TileOperands::bf16_pairs) {
+    using PairTile = Tile<bf16x2>;
+    const index_t d_pairs = (head_dim + 1) / 2, bc_pairs = (bc + 1) / 2;
+    return accumulators + PairTile::footprint(br, d_pairs) + PairTile::footprint(d_pairs, bc) +
+           PairTile::footprint(bc_pairs, head_dim_v) + PairTile::footprint(br, bc_pairs);
+  }
+  return accumulators + FloatTile::footprint(br, head_dim) + FloatTile::footprint(head_dim, bc) +
+         FloatTile::footprint(bc, head_dim_v);
 }
 
 /// The same with V and O as wide as Q and K.
@@ -92,14 +107,19 @@ constexpr std::size_t forward_working_set_bytes(index_t br, index_t bc, index_t 
 namespace detail {
 
 /// The most packed rows whose working set with bc keys fits the budget (0: none).
-constexpr index_t rows_that_fit(index_t bc, index_t d, index_t dv, std::size_t budget) {
-  const std::size_t fixed = forward_working_set_bytes(0, bc, d, dv);  // K^T and V
-  if (forward_working_set_bytes(1, bc, d, dv) > budget) return 0;
-  const auto lds = Tile<float>::leading_dim(d) + Tile<float>::leading_dim(dv) +
-                   Tile<float>::leading_dim(bc);
-  const auto per_row = static_cast<std::size_t>(lds + 3) * sizeof(float);  // + max, sum, lse
+constexpr index_t rows_that_fit(index_t bc, index_t d, index_t dv, std::size_t budget,
+                                TileOperands operands = TileOperands::fp32) {
+  const std::size_t fixed = forward_working_set_bytes(0, bc, d, dv, operands);  // K^T and V
+  if (forward_working_set_bytes(1, bc, d, dv, operands) > budget) return 0;
+  using F = Tile<float>;
+  using P = Tile<bf16x2>;
+  const auto float_lds = static_cast<std::size_t>(F::leading_dim(dv) + F::leading_dim(bc) + 3);  // + max, sum, lse
+  const auto operand_bytes = operands == TileOperands::bf16_pairs
+      ? static_cast<std::size_t>(P::leading_dim((d + 1) / 2) + P::leading_dim((bc + 1) / 2)) * sizeof(bf16x2)
+      : static_cast<std::size_t>(F::leading_dim(d)) * sizeof(float);
+  const std::size_t per_row = float_lds * sizeof(float) + operand_bytes;  // a lower bound:
   auto rows = static_cast<index_t>((budget - fixed) / per_row);  // at most a few rows too many:
-  while (forward_working_set_bytes(rows, bc, d, dv) > budget) --rows;  // vectors round to lines
+  while (forward_working_set_bytes(rows, bc, d, dv, operands) > budget) --rows;  // vectors round to lines
   return rows;
 }
 
@@ -129,7 +149,7 @@ constexpr Packing search_key_tiles(index_t hi, index_t lo, const PlanShape& s, i
   Packing best;
   if (hi < lo) return best;
   const auto consider = [&](index_t bc) {
-    const index_t rows = rows_that_fit(bc, s.head_dim, s.value_dim(), budget);
+    const index_t rows = rows_that_fit(bc, s.head_dim, s.value_dim(), budget, s.operands);
     if (rows == 0) return;
     const Packing p = best_packing(rows, bc, nq, s.group_size);
     if (best.items == 0 || p.items < best.items) best = p;  // ties keep the larger Bc
@@ -149,12 +169,13 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   using namespace detail;
   const index_t d = shape.head_dim, dv = shape.value_dim();
   const index_t nq = std::max<index_t>(shape.seqlen_q, 1), nk = std::max<index_t>(shape.seqlen_k, 1);
-  const auto floats = static_cast<index_t>(budget / sizeof(float));
-  const index_t bc_rule = std::min(std::max<index_t>(1, ceil_div(floats, 2 * (d + dv))), d);
+  const std::size_t element_bytes = shape.operands == TileOperands::bf16_pairs ? 2 : sizeof(float);
+  const auto elements = static_cast<index_t>(budget / element_bytes);  // M in the rule
+  const index_t bc_rule = std::min(std::max<index_t>(1, ceil_div(elements, 2 * (d + dv))), d);
   const index_t fast = std::min(nk, min_streamed_keys);
   PlanShape s = shape;
   s.group_size = std::max<index_t>(shape.group_size, 1);
-  const Packing best = rows_that_fit(fast, d, dv, budget) > 0
+  const Packing best = rows_that_fit(fast, d, dv, budget, shape.operands) > 0
                            ? search_key_tiles(std::max(fast, std::min(nk, bc_rule)),
                                               std::min(fast, bc_rule), s, nq, budget)
                            : search_key_tiles(fast - 1, 1, s, nq, budget);  // empty when fast == 1
@@ -162,7 +183,7 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
     throw budget_error("sram_budget_bytes",
                        std::to_string(budget) + " bytes cannot hold even 1 x 1 tiles at head_dim " +
                            std::to_string(d) + " (" +
-                           std::to_string(forward_working_set_bytes(1, 1, d, dv)) + " bytes needed)");
+                           std::to_string(forward_working_set_bytes(1, 1, d, dv, shape.operands)) + " bytes needed)");
 
   index_t tiles = best.query_tiles;
   const index_t streams = std::max<index_t>(shape.kv_streams, 1) * (best.items / best.query_tiles);
@@ -175,7 +196,8 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   const index_t rounded = ceil_div(positions, query_tile_granule) * query_tile_granule;
   if (rounded < nq && rounded <= best.positions) positions = rounded;
   const index_t rows = positions * best.heads;
-  return {positions, best.bc, best.heads, budget, forward_working_set_bytes(rows, best.bc, d, dv)};
+  return {positions, best.bc, best.heads, budget,
+          forward_working_set_bytes(rows, best.bc, d, dv, shape.operands)};
 }
 
 }  // namespace tileattn

@@ -1,9 +1,13 @@
 // tileattn/memory/tile_io.hpp: the only ways data moves between HBM views and SRAM tiles.
 //
-// load_rows / load_rows_transposed read a block of sequence rows of one (batch, head)
-// matrix into a tile; store_rows and store_vector write results back. Each reports the
-// bytes it moved to an IO policy (memory/io_counter.hpp); prefetch_rows only hints. Element conversion happens here,
-// so tile math never sees the storage type.
+// load_rows / load_rows_transposed / load_rows_pairwise read a block of sequence rows of
+// one (batch, head) matrix into a tile laid out for its role in a product; store_rows and
+// store_vector write results back. Each reports the bytes it moved, counted in the stored
+// type (2 per bf16 or fp16 element), to an IO policy (memory/io_counter.hpp); prefetch_rows
+// only hints. Element conversion and layout changes happen here, so tile math never sees
+// the storage type: float tiles take float, bf16 or fp16 (converted exactly); bf16 pair
+// tiles (bf16x2, for the bf16 dot-product micro-kernels) take bf16 and pack it as the
+// product needs (pairs along head_dim for Q and K, pairs of rows for V).
 #pragma once
 
 #include <algorithm>
@@ -11,46 +15,133 @@
 #include <type_traits>
 
 #include "tileattn/arch/native.hpp"
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/core/tile.hpp"
 
 namespace tileattn {
 
+namespace detail {
+/// One sequence row (contiguous) into floats, converting 16-bit storage types.
+template <class S>
+void row_to_float(const S* in, float* out, index_t cols) {
+  if constexpr (std::is_same_v<S, float>) std::copy_n(in, cols, out);
+  else arch::native::to_float(in, out, cols);
+}
+}  // namespace detail
+
 /// dst[r, :] = src[row0 + r, :] for r in [0, rows); sets dst's extent to rows x src.cols.
-template <class T, index_t Cols, class S, class Io>
-void load_rows(Tile<T, Cols>& dst, const MatrixView<const S>& src, index_t row0, index_t rows,
+/// Float tiles take any storage type (converted exactly).
+template <index_t Cols, class S, class Io>
+void load_rows(Tile<float, Cols>& dst, const MatrixView<const S>& src, index_t row0, index_t rows,
                Io& io) {
   const index_t cols = src.cols;
   dst.set_extent(rows, cols);
   for (index_t r = 0; r < rows; ++r) {
     const S* in = src.row(row0 + r);
-    T* out = dst.row(r);
+    float* out = dst.row(r);
     if (src.col_stride == 1) {
-      for (index_t c = 0; c < cols; ++c) out[c] = static_cast<T>(in[c]);
+      detail::row_to_float(in, out, cols);
     } else {
-      for (index_t c = 0; c < cols; ++c) out[c] = static_cast<T>(in[c * src.col_stride]);
+      for (index_t c = 0; c < cols; ++c) out[c] = to_float(in[c * src.col_stride]);
     }
   }
   io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
 }
 
+/// The same into a bf16 pair tile (the A operand of a bf16 product: pairs along the
+/// columns): extent rows x ceil(cols / 2), an odd last column paired with a zero.
+template <class Io>
+void load_rows(Tile<bf16x2>& dst, const MatrixView<const bf16>& src, index_t row0, index_t rows,
+               Io& io) {
+  const index_t cols = src.cols, pairs = (cols + 1) / 2;
+  dst.set_extent(rows, pairs);
+  for (index_t r = 0; r < rows; ++r) {
+    auto* out = reinterpret_cast<bf16*>(dst.row(r));
+    const bf16* in = src.row(row0 + r);
+    if (src.col_stride == 1) std::copy_n(in, cols, out);
+    else for (index_t c = 0; c < cols; ++c) out[c] = in[c * src.col_stride];
+    if (cols % 2) out[cols] = bf16{};
+  }
+  io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(bf16));
+}
+
 /// dst[c, r] = src[row0 + r, c]: a block of keys stored as K^T (head_dim x rows), so the
-/// score product Q K^T becomes a row-major product that streams along keys.
-template <class T, class S, class Io>
-void load_rows_transposed(Tile<T>& dst, const MatrixView<const S>& src, index_t row0,
+/// score product Q K^T becomes a row-major product that streams along keys. 16-bit storage
+/// is converted 16 rows x 64 columns at a time into a staging block, then transposed.
+template <class S, class Io>
+void load_rows_transposed(Tile<float>& dst, const MatrixView<const S>& src, index_t row0,
                           index_t rows, Io& io) {
   const index_t cols = src.cols;
   dst.set_extent(cols, rows);
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<S, float>) {
-    if (src.col_stride == 1) {  // register-blocked transpose of the arch in use
-      arch::native::transpose(rows, cols, src.row(row0), src.row_stride, dst.data(), dst.ld());
-      io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
-      return;
+  io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
+  if (src.col_stride != 1) {
+    for (index_t c = 0; c < cols; ++c)
+      for (index_t r = 0; r < rows; ++r) dst(c, r) = to_float(src(row0 + r, c));
+  } else if constexpr (std::is_same_v<S, float>) {  // register-blocked transpose of the arch in use
+    arch::native::transpose(rows, cols, src.row(row0), src.row_stride, dst.data(), dst.ld());
+  } else {
+    constexpr index_t block_rows = 16, block_cols = 64;
+    alignas(64) float stage[block_rows * block_cols];
+    for (index_t r0 = 0; r0 < rows; r0 += block_rows) {
+      const index_t nr = std::min(block_rows, rows - r0);
+      for (index_t c0 = 0; c0 < cols; c0 += block_cols) {
+        const index_t nc = std::min(block_cols, cols - c0);
+        for (index_t r = 0; r < nr; ++r)
+          arch::native::to_float(src.row(row0 + r0 + r) + c0, stage + r * block_cols, nc);
+        arch::native::transpose(nr, nc, stage, block_cols, dst.row(c0) + r0, dst.ld());
+      }
     }
   }
-  for (index_t c = 0; c < cols; ++c)
-    for (index_t r = 0; r < rows; ++r) dst(c, r) = static_cast<T>(src(row0 + r, c));
-  io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
+}
+
+/// The same into a bf16 pair tile (the B operand of Q K^T): element (p, r) holds the pair
+/// (K[r, 2p], K[r, 2p + 1]), so the tile is the transpose of K's rows read as 32-bit pairs;
+/// extent ceil(cols / 2) x rows, an odd head_dim's last pair completed with a zero.
+template <class Io>
+void load_rows_transposed(Tile<bf16x2>& dst, const MatrixView<const bf16>& src, index_t row0,
+                          index_t rows, Io& io) {
+  const index_t cols = src.cols, pairs = (cols + 1) / 2;
+  dst.set_extent(pairs, rows);
+  io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(bf16));
+  if (src.col_stride != 1 || src.row_stride % 2 != 0 ||
+      reinterpret_cast<std::uintptr_t>(src.data) % alignof(bf16x2) != 0) {
+    for (index_t p = 0; p < pairs; ++p)
+      for (index_t r = 0; r < rows; ++r)
+        dst(p, r) = {src(row0 + r, 2 * p), 2 * p + 1 < cols ? src(row0 + r, 2 * p + 1) : bf16{}};
+    return;
+  }
+  // Whole pairs move as 32-bit lanes through the float transpose (bits unchanged).
+  arch::native::transpose(rows, cols / 2, reinterpret_cast<const float*>(src.row(row0)),
+                          src.row_stride / 2, reinterpret_cast<float*>(dst.data()), dst.ld());
+  if (cols % 2)
+    for (index_t r = 0; r < rows; ++r) dst(pairs - 1, r) = {src(row0 + r, cols - 1), bf16{}};
+}
+
+/// Rows of the B operand of a product that sums over them (V in P V). A float tile is
+/// load_rows; a bf16 pair tile interleaves rows 2q and 2q + 1 into its row q (extent
+/// ceil(rows / 2) x cols, an odd last row paired with zeros).
+template <index_t Cols, class S, class Io>
+void load_rows_pairwise(Tile<float, Cols>& dst, const MatrixView<const S>& src, index_t row0,
+                        index_t rows, Io& io) {
+  load_rows(dst, src, row0, rows, io);
+}
+
+template <class Io>
+void load_rows_pairwise(Tile<bf16x2>& dst, const MatrixView<const bf16>& src, index_t row0,
+                        index_t rows, Io& io) {
+  const index_t cols = src.cols;
+  dst.set_extent((rows + 1) / 2, cols);
+  for (index_t q = 0; 2 * q < rows; ++q) {
+    const index_t r = row0 + 2 * q;
+    const bool pair = 2 * q + 1 < rows;
+    if (src.col_stride == 1) {
+      arch::native::interleave_pairs(src.row(r), pair ? src.row(r + 1) : nullptr, dst.row(q), cols);
+    } else {
+      for (index_t c = 0; c < cols; ++c) dst(q, c) = {src(r, c), pair ? src(r + 1, c) : bf16{}};
+    }
+  }
+  io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(bf16));
 }
 
 /// Asks the cache hierarchy for rows [row0, row0 + rows) of src ahead of their load (into
@@ -64,17 +155,20 @@ void prefetch_rows(const MatrixView<const S>& src, index_t row0, index_t rows) {
     for (index_t c = 0; c < span; c += line) __builtin_prefetch(src.row(r) + c, 0, 2);
 }
 
-/// dst[row0 + r, :] = src[r, :] for r in [0, src.rows()).
-template <class T, index_t Cols, class D, class Io>
-void store_rows(const MatrixView<D>& dst, index_t row0, const Tile<T, Cols>& src, Io& io) {
+/// dst[row0 + r, :] = src[r, :] for r in [0, src.rows()), rounded once to D's precision
+/// (to nearest even) when D is a 16-bit type.
+template <index_t Cols, class D, class Io>
+void store_rows(const MatrixView<D>& dst, index_t row0, const Tile<float, Cols>& src, Io& io) {
   const index_t rows = src.rows(), cols = src.cols();
   for (index_t r = 0; r < rows; ++r) {
-    const T* in = src.row(r);
+    const float* in = src.row(r);
     D* out = dst.row(row0 + r);
-    if (dst.col_stride == 1) {
-      for (index_t c = 0; c < cols; ++c) out[c] = static_cast<D>(in[c]);
+    if (dst.col_stride != 1) {
+      for (index_t c = 0; c < cols; ++c) out[c * dst.col_stride] = from_float<D>(in[c]);
+    } else if constexpr (std::is_same_v<D, float>) {
+      std::copy_n(in, cols, out);
     } else {
-      for (index_t c = 0; c < cols; ++c) out[c * dst.col_stride] = static_cast<D>(in[c]);
+      arch::native::from_float(in, out, cols);
     }
   }
   io.written(static_cast<std::uint64_t>(rows * cols) * sizeof(D));

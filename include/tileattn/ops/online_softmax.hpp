@@ -121,10 +121,24 @@ void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log
   }
 }
 
+namespace detail {
+/// Value (key j, column c) of a V tile: float, or one half of a bf16 row pair.
+inline float value_at(const Tile<float>& v, index_t j, index_t c) { return v(j, c); }
+inline float value_at(const Tile<bf16x2>& v, index_t j, index_t c) {
+  const bf16x2 pair = v(j / 2, c);
+  return to_float(j % 2 ? pair.hi : pair.lo);
+}
+/// A probability as the P V product sees it: as is, or rounded to bf16 for pair tiles.
+inline float probability_as(const Tile<float>&, float p) { return p; }
+inline float probability_as(const Tile<bf16x2>&, float p) { return to_float(bf16(p)); }
+}  // namespace detail
+
 /// The step and o += P V for a V tile that holds an Inf or a NaN: row by row, P V sums only
 /// the keys the row sees (score != -inf), so such a value reaches exactly the rows that see
 /// its key, never a row that a mask hides it from (0 * NaN), whatever the tiling. Each
-/// row's sum runs over the keys in order with fused multiply-adds, as the micro-kernels'.
+/// row's sum runs over the keys in order with fused multiply-adds, as the float
+/// micro-kernels' (bf16 pair tiles: P rounded to bf16 as in their product; the sum's
+/// order differs from vdpbf16ps's in the last bits).
 template <class ScoreTile, class AccTile, class ValueTile>
 void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& o,
                                         const ValueTile& v, float to_log2) {
@@ -140,8 +154,8 @@ void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& 
     float* out = o_row.row(0);
     for (index_t j = 0; j < s.cols(); ++j) {
       if (!visible[static_cast<std::size_t>(j)]) continue;
-      const float* vj = v.row(j);
-      for (index_t c = 0; c < o_row.cols(); ++c) out[c] = std::fma(p[j], vj[c], out[c]);
+      const float pj = detail::probability_as(v, p[j]);
+      for (index_t c = 0; c < o_row.cols(); ++c) out[c] = std::fma(pj, detail::value_at(v, j, c), out[c]);
     }
   }
 }
