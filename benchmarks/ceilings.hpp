@@ -1,6 +1,7 @@
 // benchmarks/ceilings.hpp: the machine's own ceilings, measured in the benchmark's process so
 // every kernel figure can be read as a fraction of them: a register-resident FMA loop (fp32
-// peak) and a streaming read (memory bandwidth). Needs nothing but the standard library
+// peak), a register-resident vdpbf16ps loop (bf16 peak, where the CPU has AVX-512 BF16) and
+// a streaming read (memory bandwidth). Needs nothing but the standard library
 // (sgemm_ceiling.hpp adds OpenBLAS's large-GEMM rate). Each is measured once per thread
 // count and cached.
 #pragma once
@@ -11,6 +12,10 @@
 #include <map>
 #include <thread>
 #include <vector>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace tileattn::bench {
 
@@ -46,6 +51,24 @@ inline float fma_chains(long iterations) {
   return s;
 }
 
+#if defined(__AVX512BF16__)
+/// The FMA loop's shape with vdpbf16ps: 16 independent chains of acc += a . b over bf16 pairs
+/// (32 multiplies and 32 adds per instruction: 64 flops, twice an fp32 FMA's 32).
+inline float bf16_dot_chains(long iterations) {
+  constexpr int chains = 16;
+  __m512 acc[chains];
+  for (int c = 0; c < chains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c) * 1e-3f);
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+  for (long i = 0; i < iterations; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < chains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int c = 0; c < chains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 template <class Measure>
 double best_of(int repeats, Measure measure) {
   double best = 0;
@@ -65,6 +88,25 @@ inline double fma_peak_gflops(int threads) {
     return 2.0 * 16 * 16 * iterations * threads / seconds * 1e-9;
   });
   return cache[threads] = gflops;
+}
+
+/// bf16 GFLOP/s (2 per multiply-add) of a register-resident vdpbf16ps loop on `threads`
+/// threads (best of 3); 0 where the target has no AVX-512 BF16.
+inline double bf16_dot_peak_gflops(int threads) {
+#if defined(__AVX512BF16__)
+  static std::map<int, double> cache;
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  constexpr long iterations = 20'000'000;
+  volatile float sink = 0;
+  const double gflops = detail::best_of(3, [&] {
+    const double seconds = run_on_threads(threads, [&](int) { sink = detail::bf16_dot_chains(iterations); });
+    return 2.0 * 32 * 16 * iterations * threads / seconds * 1e-9;
+  });
+  return cache[threads] = gflops;
+#else
+  (void)threads;
+  return 0.0;
+#endif
 }
 
 /// GB/s of a streaming read of 1 GiB split over `threads` threads (best of 3).

@@ -302,7 +302,8 @@ inline float row_max(const float* x, index_t n) {
 /// line, as in arch/avx512.hpp.
 [[gnu::noinline]] inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n,
                                                   const float* scale, const float* shift,
-                                                  float* sums) {
+                                                  float* sums, bf16x2* pairs = nullptr,
+                                                  index_t ld_pairs = 0) {
   using detail::lanes;
   for (index_t r = 0; r < rows; ++r) {
     float* xr = x + r * ld;
@@ -324,6 +325,7 @@ inline float row_max(const float* x, index_t n) {
       sum0 = _mm256_add_ps(sum0, _mm256_and_ps(e, _mm256_castsi256_ps(mask)));
     }
     sums[r] = detail::reduce_add(_mm256_add_ps(sum0, sum1));
+    if (pairs) generic::round_to_pairs(xr, pairs + r * ld_pairs, n);  // never on AVX2 kernels
   }
 }
 

@@ -319,35 +319,71 @@ inline float row_max(const float* x, index_t n) {
   return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
 }
 
-/// For each of `rows` rows of x (`ld` floats apart): x[r][j] = 2^(x[r][j] * scale[r] -
-/// shift[r]) in place, the product and the shift in one FMA; sums[r] = the row's sum of the
-/// new values. x = -inf gives 0. One call per score tile, so the polynomial's constants are
-/// loaded once for all its rows; kept out of line (inlined into ops::online_softmax_step,
-/// GCC 12 schedules the loop worse).
-[[gnu::noinline]] inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n,
-                                                  const float* scale, const float* shift,
-                                                  float* sums) {
-  using detail::lanes;
-  for (index_t r = 0; r < rows; ++r) {
-    float* xr = x + r * ld;
-    const __m512 f = _mm512_set1_ps(scale[r]), s = _mm512_set1_ps(-shift[r]);
-    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
-    index_t j = 0;
-    for (; j + 2 * lanes <= n; j += 2 * lanes) {
-      const __m512 e0 = detail::exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j), f, s));
-      const __m512 e1 = detail::exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j + lanes), f, s));
+namespace detail {
+/// exp2_shift_sum_rows for one row; with Pairs the values go to `pairs` rounded to bf16
+/// (vcvtne2ps2bf16: round to nearest even, subnormal results flushed to zero) instead of
+/// back into x.
+template <bool Pairs>
+inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[maybe_unused]] bf16x2* pairs) {
+  __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+  index_t j = 0;
+  for (; j + 2 * lanes <= n; j += 2 * lanes) {
+    const __m512 e0 = exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j), f, s));
+    const __m512 e1 = exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j + lanes), f, s));
+    if constexpr (Pairs) {
+#if defined(__AVX512BF16__)
+      _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+#endif
+    } else {
       _mm512_storeu_ps(xr + j, e0);
       _mm512_storeu_ps(xr + j + lanes, e1);
+    }
+    sum0 = _mm512_add_ps(sum0, e0);
+    sum1 = _mm512_add_ps(sum1, e1);
+  }
+  if constexpr (Pairs) {
+#if defined(__AVX512BF16__)
+    if (const index_t rest = n - j; rest > 0) {  // up to 31 values: two masked vectors
+      const __mmask16 m0 = first_lanes(rest < lanes ? rest : lanes);
+      const __mmask16 m1 = rest > lanes ? first_lanes(rest - lanes) : __mmask16(0);
+      const __m512 e0 = _mm512_maskz_mov_ps(m0, exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, xr + j), f, s)));
+      const __m512 e1 = _mm512_maskz_mov_ps(m1, exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, xr + j + lanes), f, s)));
+      const index_t halves = (rest + 1) / 2 * 2;  // an odd count's pad is the zero of a masked lane
+      const __mmask32 out = halves == 32 ? ~__mmask32(0) : (__mmask32(1) << halves) - 1;
+      _mm512_mask_storeu_epi16(pairs + j / 2, out, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
       sum0 = _mm512_add_ps(sum0, e0);
       sum1 = _mm512_add_ps(sum1, e1);
     }
+#endif
+  } else {
     for (; j < n; j += lanes) {
-      const __mmask16 mask = detail::first_lanes(n - j < lanes ? n - j : lanes);
-      const __m512 e = detail::exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, xr + j), f, s));
+      const __mmask16 mask = first_lanes(n - j < lanes ? n - j : lanes);
+      const __m512 e = exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, xr + j), f, s));
       _mm512_mask_storeu_ps(xr + j, mask, e);
       sum0 = _mm512_mask_add_ps(sum0, mask, sum0, e);
     }
-    sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+}  // namespace detail
+
+/// For each of `rows` rows of x (`ld` floats apart): x[r][j] = 2^(x[r][j] * scale[r] -
+/// shift[r]) in place, the product and the shift in one FMA; sums[r] = the row's sum of the
+/// new values. x = -inf gives 0. With `pairs` (only where bf16_dot_product), the values
+/// are written there instead, rounded to bf16, row r at pairs + r * ld_pairs (ceil(n / 2)
+/// pairs, an odd n padded with a zero): P as the operand of P V, with no second pass.
+/// One call per score tile, so the polynomial's constants are loaded once for all its
+/// rows; kept out of line (inlined into ops::online_softmax_step, GCC 12 schedules the
+/// loop worse).
+[[gnu::noinline]] inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n,
+                                                  const float* scale, const float* shift,
+                                                  float* sums, bf16x2* pairs = nullptr,
+                                                  index_t ld_pairs = 0) {
+  for (index_t r = 0; r < rows; ++r) {
+    const __m512 f = _mm512_set1_ps(scale[r]), s = _mm512_set1_ps(-shift[r]);
+    sums[r] = pairs && bf16_dot_product
+                  ? detail::exp2_shift_sum_row<true>(x + r * ld, n, f, s, pairs + r * ld_pairs)
+                  : detail::exp2_shift_sum_row<false>(x + r * ld, n, f, s, nullptr);
   }
 }
 

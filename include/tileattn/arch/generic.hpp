@@ -71,9 +71,12 @@ inline float row_max(const float* x, index_t n) {
 
 /// For each of `rows` rows of x (`ld` floats apart): x[r][j] = 2^(x[r][j] * scale[r] -
 /// shift[r]) in place, the product and the shift in one fused multiply-add; sums[r] = the
-/// row's sum of the new values. x = -inf gives 0.
+/// row's sum of the new values. x = -inf gives 0. With `pairs`, the values are also
+/// written there rounded to bf16, row r at pairs + r * ld_pairs (ceil(n / 2) pairs, an odd
+/// n padded with a zero); an arch may then leave x as it was (avx512 does).
 inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n, const float* scale,
-                                const float* shift, float* sums) {
+                                const float* shift, float* sums, bf16x2* pairs = nullptr,
+                                                  index_t ld_pairs = 0) {
   for (index_t r = 0; r < rows; ++r) {
     float* xr = x + r * ld;
     float sum = 0.0f;
@@ -82,6 +85,9 @@ inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n, c
       sum += xr[j];
     }
     sums[r] = sum;
+    if (pairs)  // P as bf16 pairs for P V, an odd n padded with a zero
+      for (index_t j = 0; j < n; j += 2)
+        pairs[r * ld_pairs + j / 2] = {bf16(xr[j]), j + 1 < n ? bf16(xr[j + 1]) : bf16{}};
   }
 }
 

@@ -105,12 +105,12 @@ void attend_key_tile(ForwardTiles<Op>& t, const ops::ScoreModifiers& mods,
   ops::matmul(s, q, t.k_t);                                        // (rows, Bc) raw scores
   mods.apply(s, rows, col0, io);                                   // softcap, biases, masks
   if (values_finite) {
-    ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (rows, Bc)
     if constexpr (ForwardTiles<Op>::pairs) {
       Tile<Op> p = t.p.slice_rows(first_row, rows.count());
-      ops::round_to_pairs(p, s);                                   // P in bf16, as on GPUs
+      ops::online_softmax_step(s, stats, o, mods.to_log2(), &p);   // p := P in bf16, as on GPUs
       ops::matmul_accumulate(o, p, t.v);                           // (rows, dv)
     } else {
+      ops::online_softmax_step(s, stats, o, mods.to_log2());       // s := P (rows, Bc)
       ops::matmul_accumulate(o, s, t.v);                           // (rows, dv)
     }
   } else {

@@ -86,9 +86,13 @@ inline void mask_row(float* p, index_t n, float& sum) {
 /// One key tile's step: s (scores times 1 / to_log2 in log2 units) becomes
 /// P = 2^(s * to_log2 - new max); stats and the output accumulator o are rescaled by
 /// 2^(old max - new max). Rows whose scores so far are all masked keep P = 0. Rows go to
-/// the exponential in blocks, so one call serves many rows.
+/// the exponential in blocks, so one call serves many rows. With a pair tile `p`, P is
+/// written there instead, rounded to bf16 (the operand of a bf16 P V; s's contents are
+/// then unspecified), in the same pass.
 template <class ScoreTile, class AccTile>
-void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log2) {
+void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log2,
+                         Tile<bf16x2>* p = nullptr) {
+  if (p) p->set_extent(s.rows(), (s.cols() + 1) / 2);
   constexpr index_t block = 32;
   float factor[block], shift[block], sums[block];
   bool seen[block];  // false: nothing but -inf and NaN so far
@@ -106,7 +110,8 @@ void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log
         factor[k] = 1.0f;
       }
     }
-    arch::native::exp2_shift_sum_rows(s.row(r0), s.ld(), rows, s.cols(), factor, shift, sums);
+    arch::native::exp2_shift_sum_rows(s.row(r0), s.ld(), rows, s.cols(), factor, shift, sums,
+                                      p ? p->row(r0) : nullptr, p ? p->ld() : 0);
     for (index_t k = 0; k < rows; ++k) {
       const index_t i = r0 + k;
       if (!seen[k]) continue;
