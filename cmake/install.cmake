@@ -15,6 +15,10 @@ install(DIRECTORY "${tileattn_SOURCE_DIR}/include/"
         FILES_MATCHING PATTERN "*.hpp")
 
 install(TARGETS tileattn EXPORT tileattnTargets)
+if(TILEATTN_BUILD_INSTANTIATIONS)
+  install(TARGETS tileattn_instantiations EXPORT tileattnTargets
+          ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+endif()
 install(EXPORT tileattnTargets
         NAMESPACE tileattn::
         FILE tileattnTargets.cmake

@@ -203,3 +203,23 @@ void forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packed
 }
 
 }  // namespace tileattn
+
+// The explicit instantiations of the forward for float, bf16 and fp16 (fmt's pattern): a
+// program that compiles them once (CMake: TILEATTN_BUILD_INSTANTIATIONS=ON, target
+// tileattn::instantiations, which defines TILEATTN_EXTERN_TEMPLATES for its users) has its
+// other translation units skip instantiating and optimizing the kernels. Every TU, and the
+// library, must then be compiled for the same target (-march): see arch/native.hpp.
+#define TILEATTN_INSTANTIATE_FORWARD(KEYWORD, T)                                                    \
+  KEYWORD template void tileattn::detail::forward<T>(                                              \
+      tileattn::TensorView<const T>, tileattn::TensorView<const T>, tileattn::TensorView<const T>, \
+      tileattn::TensorView<T>, tileattn::LseView, const tileattn::ForwardOptions&);                \
+  KEYWORD template void tileattn::detail::forward_varlen<T>(                                       \
+      tileattn::PackedView<const T>, tileattn::PackedView<const T>, tileattn::PackedView<const T>, \
+      tileattn::PackedView<T>, tileattn::PackedLseView, const tileattn::VarlenSequences&,          \
+      const tileattn::ForwardOptions&);
+
+#if defined(TILEATTN_EXTERN_TEMPLATES)
+TILEATTN_INSTANTIATE_FORWARD(extern, float)
+TILEATTN_INSTANTIATE_FORWARD(extern, tileattn::bf16)
+TILEATTN_INSTANTIATE_FORWARD(extern, tileattn::fp16)
+#endif
