@@ -65,7 +65,11 @@ inline float bf16_dot_chains(long iterations) {
   }
   __m512 sum = _mm512_setzero_ps();
   for (int c = 0; c < chains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  return _mm512_reduce_add_ps(sum);
+  alignas(64) float lanes[16];  // a store and a scalar sum (GCC 12 warns inside _mm512_reduce_add_ps)
+  _mm512_store_ps(lanes, sum);
+  float s = 0;
+  for (float x : lanes) s += x;
+  return s;
 }
 #endif
 

@@ -6,7 +6,11 @@
 //
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude -Ibenchmarks benchmarks/forward_scaling.cpp
 //   ./a.out [--seqlen 4096] [--head-dim 128] [--heads 16] [--causal] [--threads 1,2,4,8,16]
-//           [--repeats 9] [--backend openmp|tbb]
+//           [--repeats 9] [--backend openmp|tbb] [--dtype fp32|bf16|fp16]
+//
+// --dtype stores Q, K, V and O in that type (the same N(0, 1) inputs, rounded). The ceiling
+// column is the FMA loop's for fp32 and fp16 (fp16 computes on float tiles) and the
+// vdpbf16ps loop's for bf16 where the CPU has AVX-512 BF16 (the FMA loop's elsewhere).
 #include <tileattn/tileattn.hpp>
 
 #include "ceilings.hpp"
@@ -19,6 +23,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -29,6 +34,7 @@ struct Config {
   std::vector<int> threads{1, 2, 4, 8, 16};
   int repeats = 9;
   std::string backend;  // empty: every backend compiled in
+  std::string dtype = "fp32";
 };
 
 Config parse(int argc, char** argv) {
@@ -42,6 +48,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--causal") c.causal = true;
     else if (a == "--repeats") c.repeats = std::stoi(next());
     else if (a == "--backend") c.backend = next();
+    else if (a == "--dtype") c.dtype = next();
     else if (a == "--threads") {
       c.threads.clear();
       std::stringstream list(next());
@@ -54,21 +61,27 @@ Config parse(int argc, char** argv) {
   return c;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const Config c = parse(argc, argv);
+/// The scaling table with Q, K, V and O stored as T.
+template <class T>
+void run_table(const Config& c) {
   const auto n = static_cast<std::size_t>(c.seqlen * c.heads * c.head_dim);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
-  std::vector<float> q(n), k(n), v(n), o(n);
+  std::vector<T> q(n), k(n), v(n), o(n);
   for (auto* x : {&q, &k, &v})
-    for (float& e : *x) e = normal(rng);
-  const auto view = [&](std::vector<float>& x) { return tileattn::make_bshd(x.data(), 1, c.seqlen, c.heads, c.head_dim); };
+    for (T& e : *x) e = tileattn::from_float<T>(normal(rng));
+  const auto view = [&](std::vector<T>& x) { return tileattn::make_bshd(x.data(), 1, c.seqlen, c.heads, c.head_dim); };
   const double flops = 4.0 * static_cast<double>(c.heads * c.seqlen) * static_cast<double>(c.seqlen * c.head_dim) / (c.causal ? 2 : 1);
-  std::printf("forward B=1 H=%ld N=%ld d=%ld %s, micro-kernels %s, %d timed runs per row\n",
-              static_cast<long>(c.heads), static_cast<long>(c.seqlen), static_cast<long>(c.head_dim),
-              c.causal ? "causal" : "non-causal", tileattn::arch::native::name, c.repeats);
+  const bool bf16_loop = std::is_same_v<T, tileattn::bf16> && tileattn::bench::bf16_dot_peak_gflops(1) > 0;
+  const auto ceiling = [&](int t) {
+    return bf16_loop ? tileattn::bench::bf16_dot_peak_gflops(t) : tileattn::bench::fma_peak_gflops(t);
+  };
+  const char* ceiling_name = bf16_loop ? "vdpbf16ps" : "FMA";
+  std::printf("forward %s%sB=1 H=%ld N=%ld d=%ld %s, micro-kernels %s, %d timed runs per row\n",
+              std::is_same_v<T, float> ? "" : tileattn::type_name<T>(), std::is_same_v<T, float> ? "" : " ",
+              static_cast<long>(c.heads), static_cast<long>(c.seqlen),
+              static_cast<long>(c.head_dim), c.causal ? "causal" : "non-causal", tileattn::arch::native::name,
+              c.repeats);
   for (tileattn::Backend backend : {tileattn::Backend::openmp, tileattn::Backend::tbb}) {
     if (!tileattn::backend_available(backend)) continue;
     if (!c.backend.empty() && c.backend != tileattn::to_string(backend)) continue;
@@ -87,14 +100,27 @@ int main(int argc, char** argv) {
       }
       std::sort(seconds.begin(), seconds.end());
       const double median = seconds[seconds.size() / 2];
-      const double gflops = flops / median * 1e-9, peak = tileattn::bench::fma_peak_gflops(t);
+      const double gflops = flops / median * 1e-9, peak = ceiling(t);
       if (one_thread == 0) one_thread = gflops;
       std::printf("%-7s threads %3d: tiles %4ld x %3ld: GFLOP/s median %7.1f (min %7.1f, max %7.1f)  speed-up %5.2fx  "
-                  "%4.0f%% of the FMA loop (%7.1f GFLOP/s, %5.2fx its 1 thread)\n",
+                  "%4.0f%% of the %s loop (%7.1f GFLOP/s, %5.2fx its 1 thread)\n",
                   tileattn::to_string(backend), t, static_cast<long>(plan.query_tile_rows),
                   static_cast<long>(plan.key_tile_rows), gflops, flops / seconds.back() * 1e-9,
-                  flops / seconds.front() * 1e-9, gflops / one_thread, 100 * gflops / peak, peak,
-                  peak / tileattn::bench::fma_peak_gflops(c.threads.front()));
+                  flops / seconds.front() * 1e-9, gflops / one_thread, 100 * gflops / peak, ceiling_name, peak,
+                  peak / ceiling(c.threads.front()));
     }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Config c = parse(argc, argv);
+  if (c.dtype == "fp32") run_table<float>(c);
+  else if (c.dtype == "bf16") run_table<tileattn::bf16>(c);
+  else if (c.dtype == "fp16") run_table<tileattn::fp16>(c);
+  else {
+    std::fprintf(stderr, "unknown --dtype %s (fp32, bf16 or fp16)\n", c.dtype.c_str());
+    return 2;
   }
 }

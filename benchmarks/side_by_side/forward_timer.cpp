@@ -1,37 +1,78 @@
 // benchmarks/side_by_side/forward_timer.cpp: times tileattn::forward (whichever headers it
 // is built against) on one shape: median, min and max GFLOP/s of R runs after one warm-up.
-// Standard library only, so an older commit's headers build it too (before / after tables):
+// Standard library only, so an older commit's headers build it too (before / after tables;
+// without core/half_types.hpp only fp32 runs):
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/forward_timer.cpp
-//   ./a.out N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS
+//   ./a.out N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16|fp16]
+// Inputs are N(0, 1) from a fixed seed, rounded to the type; O is the type, no LSE. The fp32
+// line is the same as before the type argument; the others name their type after the threads.
 #include <tileattn/tileattn.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
-int main(int argc, char** argv) {
+#if __has_include(<tileattn/core/half_types.hpp>)
+#define TIMER_HAS_HALF_TYPES 1
+#endif
+
+template <class T, class Round>
+int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, int repeats, const char* type,
+                 Round round) {
   using namespace tileattn;
-  const index_t n = atol(argv[1]), d = atol(argv[2]), hq = atol(argv[3]), hkv = atol(argv[4]);
-  const bool causal = atoi(argv[5]);
-  const int threads = atoi(argv[6]), repeats = atoi(argv[7]);
-  std::vector<float> q(n * hq * d), k(n * hkv * d), v(n * hkv * d), o(q.size());
+  std::vector<T> q(n * hq * d), k(n * hkv * d), v(n * hkv * d), o(q.size());
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
-  for (auto* x : {&q, &k, &v}) for (float& e : *x) e = nd(rng);
+  for (auto* x : {&q, &k, &v}) for (T& e : *x) e = round(nd(rng));
   ForwardOptions opts;
   opts.causal = causal;
   opts.execution = {Backend::openmp, threads};
   std::vector<double> s;
   for (int r = 0; r <= repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    forward(make_bshd<const float>(q.data(), 1, n, hq, d), make_bshd<const float>(k.data(), 1, n, hkv, d),
-            make_bshd<const float>(v.data(), 1, n, hkv, d), make_bshd(o.data(), 1, n, hq, d), opts);
+    forward(make_bshd<const T>(q.data(), 1, n, hq, d), make_bshd<const T>(k.data(), 1, n, hkv, d),
+            make_bshd<const T>(v.data(), 1, n, hkv, d), make_bshd(o.data(), 1, n, hq, d), opts);
     if (r > 0) s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(s.begin(), s.end());
   const double flops = 4.0 * hq * n * n * d / (causal ? 2 : 1);
-  std::printf("N %ld d %ld H %ld/%ld %s threads %2d: GFLOP/s median %7.1f min %7.1f max %7.1f\n", n, d, hq, hkv,
-              causal ? "causal" : "full  ", threads, flops / s[s.size() / 2] * 1e-9, flops / s.back() * 1e-9,
-              flops / s.front() * 1e-9);
+  std::printf("N %ld d %ld H %ld/%ld %s threads %2d%s%s: GFLOP/s median %7.1f min %7.1f max %7.1f\n", n, d, hq, hkv,
+              causal ? "causal" : "full  ", threads, *type ? " " : "", type, flops / s[s.size() / 2] * 1e-9,
+              flops / s.back() * 1e-9, flops / s.front() * 1e-9);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 8) {
+    std::fprintf(stderr, "usage: %s N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16|fp16]\n", argv[0]);
+    return 2;
+  }
+  const long n = atol(argv[1]), d = atol(argv[2]), hq = atol(argv[3]), hkv = atol(argv[4]);
+  const bool causal = atoi(argv[5]);
+  const int threads = atoi(argv[6]), repeats = atoi(argv[7]);
+  const std::string type = argc > 8 ? argv[8] : "fp32";
+  if (repeats < 1) {
+    std::fprintf(stderr, "REPEATS must be >= 1\n");
+    return 2;
+  }
+  if (type == "fp32")
+    return time_forward<float>(n, d, hq, hkv, causal, threads, repeats, "", [](float x) { return x; });
+#if TIMER_HAS_HALF_TYPES
+  if (type == "bf16")
+    return time_forward<tileattn::bf16>(n, d, hq, hkv, causal, threads, repeats, "bf16",
+                                        [](float x) { return tileattn::bf16(x); });
+  if (type == "fp16")
+    return time_forward<tileattn::fp16>(n, d, hq, hkv, causal, threads, repeats, "fp16",
+                                        [](float x) { return tileattn::fp16(x); });
+#endif
+  std::fprintf(stderr, "unknown or unsupported type '%s' (these headers: fp32%s)\n", type.c_str(),
+#if TIMER_HAS_HALF_TYPES
+               ", bf16, fp16"
+#else
+               ""
+#endif
+  );
+  return 2;
 }

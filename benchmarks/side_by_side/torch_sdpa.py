@@ -1,8 +1,17 @@
 # benchmarks/side_by_side/torch_sdpa.py: PyTorch CPU scaled_dot_product_attention on one shape: median,
 # min and max GFLOP/s of R runs after one warm-up (the same count as tileattn's timer).
+#   python3 torch_sdpa.py N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16|fp16]
+# Inputs are N(0, 1) from a fixed seed (generated in float32), then cast to the type.
 import sys, time, torch
+if len(sys.argv) < 8:
+    sys.exit("usage: torch_sdpa.py N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16|fp16]")
 n, d, hq, hkv, causal, threads, repeats = map(int, sys.argv[1:8])
-dtype = torch.bfloat16 if len(sys.argv) > 8 and sys.argv[8] == "bf16" else torch.float32
+dtypes = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+name = sys.argv[8] if len(sys.argv) > 8 else "fp32"
+if name not in dtypes:
+    sys.exit(f"unknown type {name!r} (fp32, bf16 or fp16)")
+dtype = dtypes[name]
 torch.set_num_threads(threads)
 g = torch.Generator().manual_seed(1)
 q = torch.randn(1, hq, n, d, generator=g).to(dtype)
