@@ -7,17 +7,49 @@
 // with broadcast dimensions), the SRAM budget, backend and thread count, NaN and Inf at
 // chosen elements, and then one corruption from a list of bad arguments (or none).
 // Each call must either throw tileattn::invalid_argument with O and LSE untouched, or
-// match the double-precision reference (NaN rows and all) within the accuracy bound.
+// match the double-precision reference (NaN rows and all) within the accuracy bound,
+// writing nothing outside the O and LSE views (nor O rows or LSE entries of a varlen buffer
+// that no sequence covers).
 // Anything else aborts (a crash, a sanitizer report, another exception, a wrong result).
+//
+// Storage types and layouts: the optional trailing bytes. FuzzedDataProvider takes
+// integers from the END of the input, so bytes read after everything above are the input's
+// first unused ones, and most inputs have some to spare. They only count after a 4-byte tag
+// ("ta16" in file order, just before the bytes build() read; libFuzzer finds such a
+// constant through its comparison tracing), so every input written before they existed
+// keeps its meaning: float, laid out as generated, one call. After the tag (bytes missing
+// at the input's start read as 0):
+//   1. the storage type of Q, K, V and O: float, bf16 or fp16 (0, 1, 2 mod 3). The inputs
+//      are drawn in float, rounded to the type, and the reference runs on the rounded
+//      values; O is read back exactly (every 16-bit value is a float).
+//   2. one byte per tensor (Q, K, V, O) that re-lays it out (relayout_of): shifted 0 to 3
+//      elements from its allocation's start (16-bit views whose data is only 2-byte
+//      aligned), and/or copied into a fresh layout (four dimension orders, head_dim
+//      innermost or strided, innermost stride 1 or 2, a gap of 0 to 3 elements after each
+//      dimension: odd row and head strides, K/V broadcast kept). Gaps of Q/K/V hold NaN, so
+//      a read outside a view poisons a row; gaps of O hold the sentinel.
+//   3. a flags byte: run the call a second time on another backend and thread count and
+//      require bitwise-identical O and LSE (Execution promises it).
+// Bounds: the float path is held to 1e-4 absolute on O and the LSE (N(0, 1) inputs, scales
+// up to 1, d up to 72). bf16 (vdpbf16ps tiles) rounds P to bf16 for P V (relative error
+// <= 2^-8 per probability, the sum of P stays in float: <= 2^-8 max|V| on O) and O once
+// when stored (<= 2^-8 |O| <= 2^-8 max|V|): 1e-4 + 2^-7 max|V|. fp16 (float tiles) only
+// rounds O (<= 2^-11 |O|): 1e-4 + 2^-10 max|V|. max|V| is over V's finite elements. The LSE
+// is float from fp32 scores and sums in every type: 1e-4.
 //
 //   cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_FUZZERS=ON
 //   cmake --build build-fuzz --target forward_fuzz
 //   build-fuzz/tests/fuzz/forward_fuzz tests/fuzz/corpus/forward -max_total_time=3600
+// FORWARD_FUZZ_VERBOSE=1 prints what each input decodes to (and how many of its bytes were
+// left over for the trailing ones): build-fuzz/tests/fuzz/forward_fuzz FILE...
 // (docs/reliability.md has the rest.)
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -100,7 +132,7 @@ struct Problem {
   index_t batch = 1, nq = 1, nk = 1, hq = 1, hkv = 1, d = 1, dv = 1;
   std::vector<std::int32_t> cu_q, cu_k;
   index_t max_q = 0, max_k = 0;
-  Buffer q, k, v, o;
+  Buffer q, k, v, o;  // as generated, in float (O: the sentinel)
   std::vector<float> lse;
   LseView lse_view{};
   ForwardOptions opts;
@@ -191,22 +223,153 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   o.execution = {backend, in.ConsumeIntegralInRange(0, 3)};
 }
 
+// ---- Storage type and final layouts (the trailing bytes) ------------------------------
+
+/// Where a tensor goes in its final buffer (see the file comment, 2.).
+struct Relayout {
+  int shift = 0;             // elements between the allocation's start and the buffer's
+  bool fresh = false;        // copied into a layout of its own (else: the generated one)
+  int order = 0;             // fresh: dimension order, outermost first (orders below)
+  index_t inner_stride = 1;  // fresh: stride of the innermost dimension
+  index_t pad = 0;           // fresh: gap after each dimension's span
+};
+
+/// Dimension orders, outermost first, of [batch 0, seqlen 1, heads 2, head_dim 3]: bshd,
+/// bhsd, bhds (head_dim strided by the sequence) and sbdh (heads innermost).
+constexpr std::array<std::array<int, 4>, 4> orders{{{0, 1, 2, 3}, {0, 2, 1, 3}, {0, 2, 3, 1}, {1, 0, 3, 2}}};
+constexpr const char* order_names[] = {"bshd", "bhsd", "bhds", "sbdh"};
+
+Relayout relayout_of(std::uint8_t b) {
+  Relayout r;
+  r.shift = b & 3;
+  r.fresh = (b >> 2) & 1;
+  r.order = (b >> 3) & 3;
+  r.inner_stride = 1 + ((b >> 5) & 1);
+  r.pad = (b >> 6) & 3;
+  return r;
+}
+
+enum class Storage { fp32, bf16, fp16 };
+
+struct Extension {
+  Storage type = Storage::fp32;
+  std::array<Relayout, 4> layout{};  // Q, K, V, O
+  bool rerun = false;                // run again on `again`; results must be bitwise equal
+  Execution again{};
+};
+
+/// The trailing bytes' tag (file comment): "ta16" as the four bytes read last-to-first.
+constexpr std::uint32_t extension_tag = 0x36316174u;
+
+/// The trailing bytes; without the tag: float, as generated, once.
+Extension read_extension(FuzzedDataProvider& in) {
+  Extension e;
+  if (in.ConsumeIntegral<std::uint32_t>() != extension_tag) return e;
+  e.type = static_cast<Storage>(in.ConsumeIntegralInRange(0, 2));
+  for (Relayout& r : e.layout) r = relayout_of(in.ConsumeIntegral<std::uint8_t>());
+  const auto flags = in.ConsumeIntegral<std::uint8_t>();
+  e.rerun = flags & 1;
+  const Backend backends[] = {Backend::automatic, Backend::serial, Backend::openmp, Backend::tbb};
+  Backend backend = backends[(flags >> 1) & 3];
+  if (!backend_available(backend)) backend = Backend::serial;
+  e.again = {backend, (flags >> 3) & 3};
+  return e;
+}
+
+/// A tensor in storage type T: its buffer and its view.
+template <class T>
+struct Stored {
+  std::vector<T> data;
+  TensorView<T> view;
+};
+
+/// `src` in type T, laid out as `r` says; elements outside the view hold `gap` (fresh
+/// layouts, shift) or src's own padding, rounded (the generated layout).
+template <class T>
+Stored<T> make_stored(const Buffer& src, const Relayout& r, T gap) {
+  Stored<T> s;
+  const TensorView<float>& from = src.view;
+  const auto shift = static_cast<std::size_t>(r.shift);
+  if (!r.fresh) {
+    s.data.assign(src.data.size() + shift, gap);
+    for (std::size_t i = 0; i < src.data.size(); ++i) s.data[shift + i] = from_float<T>(src.data[i]);
+    s.view = {s.data.data() + shift + (from.data - src.data.data()), from.shape, from.stride};
+    return s;
+  }
+  std::array<index_t, 4> stride{};
+  index_t span = r.inner_stride, last = 0;
+  for (int i = 3; i >= 0; --i) {
+    const int d = orders[static_cast<std::size_t>(r.order)][static_cast<std::size_t>(i)];
+    if (from.stride[d] == 0) continue;  // a broadcast dimension stays one
+    stride[d] = span;
+    span = span * from.shape[d] + r.pad;
+    last += (from.shape[d] - 1) * stride[d];
+  }
+  s.data.assign(static_cast<std::size_t>(last + 1) + shift, gap);
+  s.view = {s.data.data() + shift, from.shape, stride};
+  test::for_each_index(from.shape, [&](index_t b, index_t n, index_t h, index_t c) {
+    s.view(b, n, h, c) = from_float<T>(from(b, n, h, c));
+  });
+  return s;
+}
+
+/// A float copy of a T buffer (exact) with `view`'s layout over it, for the reference.
+template <class T>
+Buffer mirror(const Stored<T>& s, const TensorView<T>& view) {
+  Buffer m;
+  m.data.resize(s.data.size());
+  for (std::size_t i = 0; i < s.data.size(); ++i) m.data[i] = to_float(s.data[i]);
+  m.view = {m.data.data() + (view.data - s.data.data()), view.shape, view.stride};
+  return m;
+}
+
+template <class T>
+struct Typed {
+  Stored<T> q, k, v, o;
+};
+
+template <class T>
+bool all_bits_equal(const std::vector<T>& buffer, T value) {
+  return std::all_of(buffer.begin(), buffer.end(),
+                     [&](const T& x) { return std::memcmp(&x, &value, sizeof(T)) == 0; });
+}
+
+/// Elements of `buffer` outside `view` (not empty) that no longer hold `value` (bitwise).
+template <class T, int R>
+std::size_t changed_outside(const StridedView<T, R>& view, const std::vector<T>& buffer, T value) {
+  const auto covered = test::covered_mask(view, buffer.data(), buffer.size());
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < buffer.size(); ++i)
+    if (!covered[i] && std::memcmp(&buffer[i], &value, sizeof(T)) != 0) ++changed;
+  return changed;
+}
+
+// ---- Bad arguments, the call, the checks ----------------------------------------------
+
 /// One bad argument (or none): the call must then throw invalid_argument, writing nothing.
-void corrupt(FuzzedDataProvider& in, Problem& p) {
-  switch (in.ConsumeIntegralInRange(0, 24)) {
-    case 0: p.k.view.shape[3] += 1; break;                                  // head_dim mismatch
-    case 1: p.o.view.stride[1] = -1; break;                                 // negative stride
-    case 2: p.q.view.shape[1] = index_t{1} << 62; break;                     // element count overflow
-    case 3: p.k.view.stride[1] = index_t{1} << 61; break;                    // address range overflow
-    case 4: p.o.view.data = p.q.view.data; break;                           // O aliases Q
+/// Chosen (one input byte) before the trailing bytes are read, applied to the final views.
+int choose_corruption(FuzzedDataProvider& in) { return in.ConsumeIntegralInRange(0, 24); }
+
+template <class T>
+void corrupt(int choice, Problem& p, Typed<T>& t) {
+  // Two rows this far apart span 2^63 bytes or more: past PTRDIFF_MAX, whatever the type.
+  // (A stride whose span fits is a valid view of a buffer that large: a 16-bit K with
+  // stride 2^61 spans 2^62 bytes, passes every check, and reads there.)
+  constexpr auto stride_past_ptrdiff_max = static_cast<index_t>((std::uint64_t{1} << 63) / sizeof(T));
+  switch (choice) {
+    case 0: t.k.view.shape[3] += 1; break;                                  // head_dim mismatch
+    case 1: t.o.view.stride[1] = -1; break;                                 // negative stride
+    case 2: t.q.view.shape[1] = index_t{1} << 62; break;                     // element count overflow
+    case 3: t.k.view.stride[1] = stride_past_ptrdiff_max; break;            // address range overflow
+    case 4: t.o.view.data = t.q.view.data; break;                           // O aliases Q
     case 5: p.opts.softmax_scale = -1.0f; break;
     case 6: p.opts.softmax_scale = nan; break;
     case 7: p.opts.window_left = -3; break;
     case 8: p.opts.softcap = inf; break;
     case 9: p.opts.sram_budget_bytes = std::size_t{1} << 40; break;
     case 10: p.opts.execution.num_threads = 100000; break;
-    case 11: p.q.view.data = nullptr; break;
-    case 12: p.v.view.shape[2] += 1; break;                                 // heads mismatch
+    case 11: t.q.view.data = nullptr; break;
+    case 12: t.v.view.shape[2] += 1; break;                                 // heads mismatch
     case 13: p.opts.sram_budget_bytes = 64; break;                          // below 1 x 1 tiles
     case 14:
       if (p.varlen && p.cu_q.size() > 2) std::swap(p.cu_q[1], p.cu_q[2]);   // maybe decreasing
@@ -219,47 +382,65 @@ void corrupt(FuzzedDataProvider& in, Problem& p) {
   }
 }
 
+template <class T>
+std::string layout_of(const char* name, const Stored<T>& s, const Relayout& r) {
+  std::string out = std::string(" ") + name + (r.fresh ? std::string(" ") + order_names[r.order] : std::string(" gen")) +
+                    " +" + std::to_string(r.shift) + " @" +
+                    std::to_string(reinterpret_cast<std::uintptr_t>(s.view.data) % 64) + " strides";
+  for (index_t x : s.view.stride) out += " " + std::to_string(x);
+  return out;
+}
+
 /// What the failing input asked for, printed with a failure.
-std::string describe(const Problem& p) {
+template <class T>
+std::string describe(const Problem& p, const Typed<T>& t, const Extension& e) {
   const ForwardOptions& o = p.opts;
-  std::string s = (p.varlen ? "varlen" : "fixed") + std::string(" B ") + std::to_string(p.batch) + " Nq " +
-                   std::to_string(p.nq) + " Nk " + std::to_string(p.nk) + " H " + std::to_string(p.hq) + "/" +
-                   std::to_string(p.hkv) + " d " + std::to_string(p.d) + " dv " + std::to_string(p.dv) +
-                   " causal " + std::to_string(o.causal) + " top_left " +
-                   std::to_string(o.alignment == MaskAlignment::top_left) + " window " +
-                   std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " softcap " +
-                   std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
-                   " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) +
-                   " bias " + std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) +
-                   " budget " + std::to_string(o.sram_budget_bytes) + " backend " + to_string(o.execution.backend) +
-                   " x " + std::to_string(o.execution.num_threads) + " strides k";
-  for (index_t x : p.k.view.stride) s += " " + std::to_string(x);
-  s += " v";
-  for (index_t x : p.v.view.stride) s += " " + std::to_string(x);
+  std::string s = std::string(type_name<T>()) + " " + (p.varlen ? "varlen" : "fixed") + std::string(" B ") +
+                  std::to_string(p.batch) + " Nq " + std::to_string(p.nq) + " Nk " + std::to_string(p.nk) + " H " +
+                  std::to_string(p.hq) + "/" + std::to_string(p.hkv) + " d " + std::to_string(p.d) + " dv " +
+                  std::to_string(p.dv) + " causal " + std::to_string(o.causal) + " top_left " +
+                  std::to_string(o.alignment == MaskAlignment::top_left) + " window " +
+                  std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " softcap " +
+                  std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
+                  " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) +
+                  " bias " + std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) +
+                  " budget " + std::to_string(o.sram_budget_bytes) + " backend " + to_string(o.execution.backend) +
+                  " x " + std::to_string(o.execution.num_threads) + " lse " + std::to_string(p.lse_view.data != nullptr);
+  if (p.varlen) {
+    s += " cu_q";
+    for (auto x : p.cu_q) s += " " + std::to_string(x);
+    s += " cu_k";
+    for (auto x : p.cu_k) s += " " + std::to_string(x);
+  }
+  s += "\n  layouts:" + layout_of("q", t.q, e.layout[0]) + ";" + layout_of("k", t.k, e.layout[1]) + ";" +
+       layout_of("v", t.v, e.layout[2]) + ";" + layout_of("o", t.o, e.layout[3]);
+  if (e.rerun)
+    s += "\n  rerun on " + std::string(to_string(e.again.backend)) + " x " + std::to_string(e.again.num_threads);
   return s;
 }
 
-Deviation check_against_reference(Problem& p) {
+Deviation check_against_reference(const Problem& p, const TensorView<float>& q, const TensorView<float>& k,
+                                  const TensorView<float>& v, const TensorView<float>& o) {
   const reference::Options ro = reference::Options::from(p.opts);
   if (!p.varlen) {
-    const auto ref = reference::attention<float>(p.q.view, p.k.view, p.v.view, ro);
-    return test::compare_to_reference(ref, p.o.view, p.lse_view);
+    const auto ref = reference::attention<float>(q, k, v, ro);
+    return test::compare_to_reference(ref, o, p.lse_view);
   }
   Deviation all;
   for (std::size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
     reference::Options rb = ro;
     rb.batch_index = static_cast<index_t>(b);
-    const auto seq = [&](const Buffer& t, index_t start, index_t len) {
+    const auto seq = [&](const TensorView<float>& t, index_t start, index_t len) {
       return reference::sequence_view<float>(
-          StridedView<const float, 3>{t.view.data, {t.view.shape[1], t.view.shape[2], t.view.shape[3]},
-                                      {t.view.stride[1], t.view.stride[2], t.view.stride[3]}},
+          StridedView<const float, 3>{t.data, {t.shape[1], t.shape[2], t.shape[3]},
+                                      {t.stride[1], t.stride[2], t.stride[3]}},
           start, len);
     };
     const index_t lq = p.cu_q[b + 1] - p.cu_q[b], lk = p.cu_k[b + 1] - p.cu_k[b];
-    const auto ref = reference::attention<float>(seq(p.q, p.cu_q[b], lq), seq(p.k, p.cu_k[b], lk),
-                                                 seq(p.v, p.cu_k[b], lk), rb);
+    const auto ref = reference::attention<float>(seq(q, p.cu_q[b], lq), seq(k, p.cu_k[b], lk),
+                                                 seq(v, p.cu_k[b], lk), rb);
     const LseView lse = p.lse_view.data ? LseView{p.lse_view.data + p.cu_q[b], {1, p.hq, lq}, {0, p.nq, 1}} : LseView{};
-    const Deviation d = test::compare_to_reference(ref, seq(p.o, p.cu_q[b], lq), lse);
+    const Deviation d = test::compare_to_reference(ref, seq(o, p.cu_q[b], lq), lse);
     all.o = std::max(all.o, d.o);
     all.lse = std::max(all.lse, d.lse);
     if (all.problem.empty()) all.problem = d.problem;
@@ -267,41 +448,102 @@ Deviation check_against_reference(Problem& p) {
   return all;
 }
 
-void run(Problem& p) {
+template <class T>
+void run(Problem& p, const Typed<T>& t, const ForwardOptions& opts) {
   if (!p.varlen) {
-    forward(p.q.view, p.k.view, p.v.view, p.o.view, p.lse_view, p.opts);
+    forward(t.q.view, t.k.view, t.v.view, t.o.view, p.lse_view, opts);
     return;
   }
-  const auto packed = [](const TensorView<float>& t) {
-    return StridedView<float, 3>{t.data, {t.shape[1], t.shape[2], t.shape[3]}, {t.stride[1], t.stride[2], t.stride[3]}};
+  const auto packed = [](const TensorView<T>& v) {
+    return StridedView<T, 3>{v.data, {v.shape[1], v.shape[2], v.shape[3]}, {v.stride[1], v.stride[2], v.stride[3]}};
   };
   const PackedLseView lse = p.lse_view.data ? make_packed_lse(p.lse.data(), p.hq, p.nq) : PackedLseView{};
-  forward_varlen(packed(p.q.view), packed(p.k.view), packed(p.v.view), packed(p.o.view), lse,
-                 {p.cu_q, p.cu_k, p.max_q, p.max_k}, p.opts);
+  forward_varlen(packed(t.q.view), packed(t.k.view), packed(t.v.view), packed(t.o.view), lse,
+                 {p.cu_q, p.cu_k, p.max_q, p.max_k}, opts);
+}
+
+/// The error bound on O for storage type T (file comment): max_v = max |V| (finite).
+template <class T>
+double o_bound(double max_v) {
+  if constexpr (std::is_same_v<T, bf16>) return 1e-4 + 0x1p-7 * max_v;
+  else if constexpr (std::is_same_v<T, fp16>) return 1e-4 + 0x1p-10 * max_v;
+  else return 1e-4;
+}
+constexpr double lse_bound = 1e-4;
+
+/// Everything after build(): the final views in type T, the corruption, the call, the checks.
+template <class T>
+void execute(Problem& p, int corruption, const Extension& e, bool verbose) {
+  const T gap = from_float<T>(nan), o_sentinel = from_float<T>(sentinel);
+  Typed<T> t{make_stored<T>(p.q, e.layout[0], gap), make_stored<T>(p.k, e.layout[1], gap),
+             make_stored<T>(p.v, e.layout[2], gap), make_stored<T>(p.o, e.layout[3], o_sentinel)};
+  corrupt(corruption, p, t);
+  if (verbose) std::fprintf(stderr, "forward_fuzz: corruption %d: %s\n", corruption, describe(p, t, e).c_str());
+  try {
+    run(p, t, p.opts);
+  } catch (const tileattn::invalid_argument& err) {
+    if (err.parameter().empty() || std::string(err.what()).find(err.parameter()) == std::string::npos)
+      fail(std::string("an error that does not name its parameter: ") + err.what());
+    if (!all_bits_equal(t.o.data, o_sentinel) || !test::all_equal(p.lse, sentinel))
+      fail(std::string("wrote outputs before throwing: ") + err.what() + "\n  " + describe(p, t, e));
+    return;
+  }
+  const Buffer q = mirror(t.q, t.q.view), k = mirror(t.k, t.k.view), v = mirror(t.v, t.v.view),
+               o = mirror(t.o, t.o.view);
+  const Deviation dev = check_against_reference(p, q.view, k.view, v.view, o.view);
+  if (!dev.problem.empty()) fail("differs from the reference: " + dev.problem + "\n  " + describe(p, t, e));
+  double max_v = 0.0;
+  test::for_each_index(v.view.shape, [&](index_t b, index_t n, index_t h, index_t c) {
+    if (const float x = v.view(b, n, h, c); std::isfinite(x)) max_v = std::max(max_v, std::abs(static_cast<double>(x)));
+  });
+  if (dev.o > o_bound<T>(max_v) || dev.lse > lse_bound)
+    fail("error " + std::to_string(dev.o) + " on O (bound " + std::to_string(o_bound<T>(max_v)) + "), " +
+         std::to_string(dev.lse) + " on LSE\n  " + describe(p, t, e));
+  // Nothing written outside the views; nor, in a varlen buffer, past the last sequence.
+  if (const std::size_t n = changed_outside(t.o.view, t.o.data, o_sentinel))
+    fail(std::to_string(n) + " elements of O's buffer outside its view were written\n  " + describe(p, t, e));
+  if (!p.lse_view.data && !test::all_equal(p.lse, sentinel))
+    fail("wrote an LSE that was not asked for\n  " + describe(p, t, e));
+  if (p.varlen && p.cu_q.back() < p.nq) {
+    const index_t end = p.cu_q.back(), rows = p.nq - end;
+    const TensorView<T> tail{t.o.view.data + end * t.o.view.stride[1], {1, rows, p.hq, p.dv}, t.o.view.stride};
+    bool written = false;
+    test::for_each_index(tail.shape, [&](index_t b, index_t n, index_t h, index_t c) {
+      written |= std::memcmp(&tail(b, n, h, c), &o_sentinel, sizeof(T)) != 0;
+    });
+    for (index_t h = 0; h < p.hq; ++h)
+      for (index_t i = end; i < p.nq; ++i)
+        written |= std::memcmp(&p.lse[static_cast<std::size_t>(h * p.nq + i)], &sentinel, sizeof(float)) != 0;
+    if (written) fail("wrote O or LSE rows past cu_seqlens_q's end\n  " + describe(p, t, e));
+  }
+  if (!e.rerun) return;
+  // Execution promises bitwise-identical results for every backend and thread count.
+  const std::vector<T> first_o = t.o.data;
+  const std::vector<float> first_lse = p.lse;
+  std::fill(t.o.data.begin(), t.o.data.end(), o_sentinel);
+  std::fill(p.lse.begin(), p.lse.end(), sentinel);
+  ForwardOptions again = p.opts;
+  again.execution = e.again;
+  run(p, t, again);
+  if (std::memcmp(first_o.data(), t.o.data.data(), first_o.size() * sizeof(T)) != 0 || !test::bitwise_equal(first_lse, p.lse))
+    fail("results differ between executions\n  " + describe(p, t, e));
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const bool verbose = std::getenv("FORWARD_FUZZ_VERBOSE") != nullptr;
   FuzzedDataProvider in(data, size);
   std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
   Problem p;
   build(in, p, rng);
-  corrupt(in, p);
-  try {
-    run(p);
-  } catch (const tileattn::invalid_argument& e) {
-    if (e.parameter().empty() || std::string(e.what()).find(e.parameter()) == std::string::npos)
-      fail(std::string("an error that does not name its parameter: ") + e.what());
-    if (!test::all_equal(p.o.data, sentinel) || !test::all_equal(p.lse, sentinel))
-      fail(std::string("wrote outputs before throwing: ") + e.what());
-    return 0;
+  const int corruption = choose_corruption(in);
+  if (verbose) std::fprintf(stderr, "forward_fuzz: %zu of %zu bytes left for the trailing ones\n", in.remaining_bytes(), size);
+  const Extension e = read_extension(in);
+  switch (e.type) {
+    case Storage::fp32: execute<float>(p, corruption, e, verbose); break;
+    case Storage::bf16: execute<bf16>(p, corruption, e, verbose); break;
+    case Storage::fp16: execute<fp16>(p, corruption, e, verbose); break;
   }
-  // Accepted: the result must be the reference's (bounds for N(0, 1) inputs at scales up
-  // to 1 and d up to 72: 1e-4 absolute on O, on the LSE relative to its size).
-  const Deviation dev = check_against_reference(p);
-  if (!dev.problem.empty()) fail("differs from the reference: " + dev.problem + "\n  " + describe(p));
-  if (dev.o > 1e-4 || dev.lse > 1e-4)
-    fail("error " + std::to_string(dev.o) + " on O, " + std::to_string(dev.lse) + " on LSE\n  " + describe(p));
   return 0;
 }

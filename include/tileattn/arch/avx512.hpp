@@ -41,8 +41,14 @@ namespace tileattn::arch::avx512 {
 
 inline constexpr const char* name = "avx512";
 /// With AVX-512 BF16 (vdpbf16ps), bf16 tiles are multiplied as bf16 pairs into float
-/// accumulators; without it they are converted to float when loaded.
-#if defined(__AVX512BF16__)
+/// accumulators; without it they are converted to float when loaded. Targets with AMX
+/// (Intel Sapphire Rapids and later) keep float tiles: on the 16-core Xeon we measure on,
+/// a vdpbf16ps loop runs at 79 GFLOP/s per core, under half its FMA loop, and the bf16
+/// forward on pairs at 0.55-0.66x the one on float tiles (docs/precision.md); AMX tiles are the
+/// way there (issue #16). -DTILEATTN_BF16_DOT_PRODUCT=0 or 1 overrides the choice.
+#if defined(__AVX512BF16__) && defined(TILEATTN_BF16_DOT_PRODUCT)
+inline constexpr bool bf16_dot_product = TILEATTN_BF16_DOT_PRODUCT != 0;
+#elif defined(__AVX512BF16__) && !defined(__AMX_BF16__)
 inline constexpr bool bf16_dot_product = true;
 #else
 inline constexpr bool bf16_dot_product = false;
@@ -351,8 +357,8 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
       const index_t halves = (rest + 1) / 2 * 2;  // an odd count's pad is the zero of a masked lane
       const __mmask32 out = halves == 32 ? ~__mmask32(0) : (__mmask32(1) << halves) - 1;
       _mm512_mask_storeu_epi16(pairs + j / 2, out, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-      sum0 = _mm512_add_ps(sum0, e0);
-      sum1 = _mm512_add_ps(sum1, e1);
+      sum0 = _mm512_add_ps(sum0, e0);  // both into sum0, in order, as the float tail does:
+      sum0 = _mm512_add_ps(sum0, e1);  // the same sums with and without pairs (e1's masked lanes are +0)
     }
 #endif
   } else {
@@ -369,8 +375,8 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
 
 /// For each of `rows` rows of x (`ld` floats apart): x[r][j] = 2^(x[r][j] * scale[r] -
 /// shift[r]) in place, the product and the shift in one FMA; sums[r] = the row's sum of the
-/// new values. x = -inf gives 0. With `pairs` (only where bf16_dot_product), the values
-/// are written there instead, rounded to bf16, row r at pairs + r * ld_pairs (ceil(n / 2)
+/// new values. x = -inf gives 0. With `pairs`, the values are written there instead
+/// (with AVX-512 BF16; else as well), rounded to bf16, row r at pairs + r * ld_pairs (ceil(n / 2)
 /// pairs, an odd n padded with a zero): P as the operand of P V, with no second pass.
 /// One call per score tile, so the polynomial's constants are loaded once for all its
 /// rows; kept out of line (inlined into ops::online_softmax_step, GCC 12 schedules the
@@ -381,9 +387,13 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
                                                   index_t ld_pairs = 0) {
   for (index_t r = 0; r < rows; ++r) {
     const __m512 f = _mm512_set1_ps(scale[r]), s = _mm512_set1_ps(-shift[r]);
-    sums[r] = pairs && bf16_dot_product
-                  ? detail::exp2_shift_sum_row<true>(x + r * ld, n, f, s, pairs + r * ld_pairs)
-                  : detail::exp2_shift_sum_row<false>(x + r * ld, n, f, s, nullptr);
+#if defined(__AVX512BF16__)
+    sums[r] = pairs ? detail::exp2_shift_sum_row<true>(x + r * ld, n, f, s, pairs + r * ld_pairs)
+                    : detail::exp2_shift_sum_row<false>(x + r * ld, n, f, s, nullptr);
+#else
+    sums[r] = detail::exp2_shift_sum_row<false>(x + r * ld, n, f, s, nullptr);
+    if (pairs) generic::round_to_pairs(x + r * ld, pairs + r * ld_pairs, n);
+#endif
   }
 }
 

@@ -45,7 +45,9 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
 
 /// The same over bf16 pairs: C[i][j] (+)= sum_p A[i][p] . B[p][j], each pair product
 /// accumulated as the hardware's dot-product instruction does it, high halves first:
-/// c = (c + a.hi b.hi) + a.lo b.lo (products of bf16 values are exact in float).
+/// c = (c + a.hi b.hi) + a.lo b.lo (products of bf16 values are exact in float). vdpbf16ps
+/// matches this bit for bit on normal numbers; it treats subnormal inputs, products and
+/// sums as zero, which this does not (tests/arch/half_kernels_test.cpp bounds the difference).
 template <bool Accumulate>
 void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
           index_t ldb, float* c, index_t ldc) {
