@@ -217,19 +217,30 @@ inline void gemm_panel_of(int vectors, index_t m, index_t k, const E* a, index_t
   }
 }
 
-/// 2^x on 16 lanes; see arch/exp2.hpp for the method and the accuracy.
+/// 2^x on 16 lanes; see arch/exp2.hpp for the method and the accuracy. ForBf16: the
+/// degree-4 polynomial, for values rounded to bf16 next (exp2_poly::bf16_target).
+template <bool ForBf16 = false>
 inline __m512 exp2(__m512 x) {
   namespace c = exp2_poly;
   x = _mm512_max_ps(_mm512_set1_ps(c::lowest_input), x);  // max(lo, NaN) keeps the NaN
   x = _mm512_min_ps(_mm512_set1_ps(c::highest_input), x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);  // exact, in [-1/2, 1/2]
-  __m512 p = _mm512_set1_ps(c::c6);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c5));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c4));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c1));
+  __m512 p;
+  if constexpr (ForBf16) {
+    namespace b = exp2_poly::bf16_target;
+    p = _mm512_set1_ps(b::c4);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(b::c3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(b::c2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(b::c1));
+  } else {
+    p = _mm512_set1_ps(c::c6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c1));
+  }
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);  // p * 2^n, rounded once (also into the subnormals)
 }
@@ -334,8 +345,8 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
   __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
   index_t j = 0;
   for (; j + 2 * lanes <= n; j += 2 * lanes) {
-    const __m512 e0 = exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j), f, s));
-    const __m512 e1 = exp2(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j + lanes), f, s));
+    const __m512 e0 = exp2<Pairs>(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j), f, s));
+    const __m512 e1 = exp2<Pairs>(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j + lanes), f, s));
     if constexpr (Pairs) {
 #if defined(__AVX512BF16__)
       _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
@@ -352,8 +363,8 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
     if (const index_t rest = n - j; rest > 0) {  // up to 31 values: two masked vectors
       const __mmask16 m0 = first_lanes(rest < lanes ? rest : lanes);
       const __mmask16 m1 = rest > lanes ? first_lanes(rest - lanes) : __mmask16(0);
-      const __m512 e0 = _mm512_maskz_mov_ps(m0, exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, xr + j), f, s)));
-      const __m512 e1 = _mm512_maskz_mov_ps(m1, exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, xr + j + lanes), f, s)));
+      const __m512 e0 = _mm512_maskz_mov_ps(m0, exp2<Pairs>(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, xr + j), f, s)));
+      const __m512 e1 = _mm512_maskz_mov_ps(m1, exp2<Pairs>(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, xr + j + lanes), f, s)));
       const index_t halves = (rest + 1) / 2 * 2;  // an odd count's pad is the zero of a masked lane
       const __mmask32 out = halves == 32 ? ~__mmask32(0) : (__mmask32(1) << halves) - 1;
       _mm512_mask_storeu_epi16(pairs + j / 2, out, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
@@ -364,7 +375,7 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
   } else {
     for (; j < n; j += lanes) {
       const __mmask16 mask = first_lanes(n - j < lanes ? n - j : lanes);
-      const __m512 e = exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, xr + j), f, s));
+      const __m512 e = exp2<Pairs>(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, xr + j), f, s));
       _mm512_mask_storeu_ps(xr + j, mask, e);
       sum0 = _mm512_mask_add_ps(sum0, mask, sum0, e);
     }
