@@ -45,7 +45,9 @@
 // (docs/reliability.md has the rest.)
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +55,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "support/test_support.hpp"
@@ -313,13 +316,13 @@ Stored<T> make_stored(const Buffer& src, const Relayout& r, T gap) {
   return s;
 }
 
-/// A float copy of a T buffer (exact) with `view`'s layout over it, for the reference.
+/// A float copy of a T buffer (exact) with the same view over it, for the reference.
 template <class T>
-Buffer mirror(const Stored<T>& s, const TensorView<T>& view) {
+Buffer mirror(const Stored<T>& s) {
   Buffer m;
   m.data.resize(s.data.size());
   for (std::size_t i = 0; i < s.data.size(); ++i) m.data[i] = to_float(s.data[i]);
-  m.view = {m.data.data() + (view.data - s.data.data()), view.shape, view.stride};
+  m.view = {m.data.data() + (s.view.data - s.data.data()), s.view.shape, s.view.stride};
   return m;
 }
 
@@ -488,14 +491,15 @@ void execute(Problem& p, int corruption, const Extension& e, bool verbose) {
       fail(std::string("wrote outputs before throwing: ") + err.what() + "\n  " + describe(p, t, e));
     return;
   }
-  const Buffer q = mirror(t.q, t.q.view), k = mirror(t.k, t.k.view), v = mirror(t.v, t.v.view),
-               o = mirror(t.o, t.o.view);
+  const Buffer q = mirror(t.q), k = mirror(t.k), v = mirror(t.v), o = mirror(t.o);
   const Deviation dev = check_against_reference(p, q.view, k.view, v.view, o.view);
   if (!dev.problem.empty()) fail("differs from the reference: " + dev.problem + "\n  " + describe(p, t, e));
   double max_v = 0.0;
   test::for_each_index(v.view.shape, [&](index_t b, index_t n, index_t h, index_t c) {
     if (const float x = v.view(b, n, h, c); std::isfinite(x)) max_v = std::max(max_v, std::abs(static_cast<double>(x)));
   });
+  if (verbose)
+    std::fprintf(stderr, "forward_fuzz: error %.3g on O (bound %.3g), %.3g on LSE\n", dev.o, o_bound<T>(max_v), dev.lse);
   if (dev.o > o_bound<T>(max_v) || dev.lse > lse_bound)
     fail("error " + std::to_string(dev.o) + " on O (bound " + std::to_string(o_bound<T>(max_v)) + "), " +
          std::to_string(dev.lse) + " on LSE\n  " + describe(p, t, e));

@@ -144,10 +144,11 @@ AttentionResult attention(const TensorView<const T>& q, const TensorView<const T
   return attention(q, k, v, opt);
 }
 
-/// One sequence of a packed varlen batch as a [1, len, heads, head_dim] view.
+/// One sequence of a packed varlen batch as a [1, len, heads, head_dim] view (an empty one
+/// keeps the buffer's start: it may begin past the last row).
 template <class T>
 TensorView<const T> sequence_view(const StridedView<const T, 3>& packed, index_t start, index_t len) {
-  return {packed.data + start * packed.stride[0],
+  return {len > 0 ? packed.data + start * packed.stride[0] : packed.data,
           {1, len, packed.shape[1], packed.shape[2]},
           {0, packed.stride[0], packed.stride[1], packed.stride[2]}};
 }

@@ -235,5 +235,21 @@ TEST(Varlen, EmptySideTakesABiasOrMaskOfExtentZeroOrOne) {
   EXPECT_TRUE(throws_naming([&] { p.run(opts); }, "bias.shape[2] (seqlen_q)"));
 }
 
+// A last sequence with no keys starts at the end of K (cu_seqlens_k = {0, 1, 1}); with a huge
+// row stride the address of that missing row wraps (the fuzzer's find: UBSan "pointer index
+// expression overflowed"). No address of a row that does not exist is formed now; the
+// sequence's query gets O = 0 and LSE = -inf.
+TEST(Varlen, EmptyLastSequenceAtTheEndOfAHugelyStridedK) {
+  std::vector<float> q(4, 0.5f), k(4, 0.25f), v(1, 3.0f), o(1, sentinel), lse(1, sentinel);
+  const index_t huge = index_t{1} << 61;
+  const PackedView<const float> kv{k.data(), {1, 1, 4}, {huge, 4, 1}};
+  const PackedView<const float> vv{v.data(), {1, 1, 1}, {huge, 1, 1}};
+  const std::vector<std::int32_t> cu_q{0, 0, 1}, cu_k{0, 1, 1};
+  forward_varlen(make_thd(q.data(), 1, 1, 4), kv, vv, make_thd(o.data(), 1, 1, 1),
+                 make_packed_lse(lse.data(), 1, 1), VarlenSequences{cu_q, cu_k, 1, 1});
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_TRUE(std::isinf(lse[0]) && lse[0] < 0);
+}
+
 }  // namespace
 }  // namespace tileattn::test

@@ -85,7 +85,7 @@ template <class T>
 MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_t head,
                               index_t start, index_t len) {
   MatrixView<T> m = head_matrix(t, view_batch, head);
-  m.data += start * m.row_stride;
+  if (len > 0) m.data += start * m.row_stride;  // an empty sequence may start past the last row
   m.rows = len;
   return m;
 }
