@@ -17,6 +17,9 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+#if __has_include(<stdfloat>)
+#include <stdfloat>
+#endif
 
 #if defined(__F16C__) || defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -518,6 +521,39 @@ TEST(HalfTypes, ConversionsAreConstexpr) {
   static_assert(from_float<fp16>(to_float(fp16::from_bits(0x3555))) == fp16::from_bits(0x3555));
   constexpr bf16 x(0.5f);
   EXPECT_EQ(x.bits, 0x3f00u);
+}
+
+// The compiler's own 16-bit types hold the same bits: a view over them reinterprets as
+// ours (checked where the compiler has them: _Float16 in GCC 12 and clang on x86-64;
+// std::bfloat16_t and std::float16_t with <stdfloat>, GCC 13 and later).
+template <class Native, class Ours>
+void expect_same_bits_through_a_view(const std::vector<float>& values) {
+  std::vector<Native> native(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) native[i] = static_cast<Native>(values[i]);
+  const StridedView<const Native, 4> view{native.data(), {1, 1, 1, static_cast<index_t>(values.size())},
+                                          {0, 0, 0, 1}};
+  const auto ours = reinterpret_view<Ours>(view);
+  static_assert(std::is_same_v<decltype(ours), const StridedView<const Ours, 4>>);
+  for (std::size_t i = 0; i < values.size(); ++i)
+    EXPECT_EQ(ours(0, 0, 0, static_cast<index_t>(i)).bits, Ours(values[i]).bits) << values[i];
+}
+
+TEST(ReinterpretView, CompilerHalfTypesHaveOurBits) {
+  const std::vector<float> values{0.0f, -0.0f, 1.0f, -1.5f, 3.14159f, 65504.0f, 1e-7f, 0x1p-24f, 1e30f};
+  int checked = 0;
+#if defined(__FLT16_MAX__)
+  expect_same_bits_through_a_view<_Float16, fp16>(values);
+  ++checked;
+#endif
+#if defined(__STDCPP_BFLOAT16_T__)
+  expect_same_bits_through_a_view<std::bfloat16_t, bf16>(values);
+  ++checked;
+#endif
+#if defined(__STDCPP_FLOAT16_T__)
+  expect_same_bits_through_a_view<std::float16_t, fp16>(values);
+  ++checked;
+#endif
+  if (checked == 0) GTEST_SKIP() << "this compiler has no native 16-bit floating-point type";
 }
 
 }  // namespace
