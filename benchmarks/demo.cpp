@@ -1,5 +1,6 @@
 // benchmarks/demo.cpp: the tileattn demo: one forward workload through tileattn and through
-// standard attention on Eigen, timed, byte-counted and checked against the double reference.
+// standard attention on Eigen, timed, byte-counted and checked against the double reference;
+// then tileattn again with Q, K, V and O in bf16 (its error includes the inputs' rounding).
 //
 //   tileattn_demo                                 # B=1 H=16 N=2048 d=128, non-causal
 //   tileattn_demo --seqlen 1024 --head-dim 64 --causal --threads 2
@@ -191,6 +192,31 @@ int main(int argc, char** argv) {
   });
   const std::vector<float> tiled_o = w.o, tiled_lse = w.lse;
 
+  // The same call in bf16 (inputs rounded to bf16; O stored in bf16, LSE in float).
+  using tileattn::bf16;
+  const auto to_bf16 = [](const std::vector<float>& x) {
+    std::vector<bf16> out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = bf16(x[i]);
+    return out;
+  };
+  const std::vector<bf16> q16 = to_bf16(w.q), k16 = to_bf16(w.k), v16 = to_bf16(w.v);
+  std::vector<bf16> o16(w.o.size());
+  const auto bshd = [&](auto* data, index_t seqlen) {
+    return tileattn::make_bshd(data, s.batch, seqlen, s.heads, s.head_dim);
+  };
+  auto run_bf16 = [&] {
+    tileattn::forward(bshd(q16.data(), s.seqlen_q), bshd(k16.data(), s.seqlen_k), bshd(v16.data(), s.seqlen_k),
+                      bshd(o16.data(), s.seqlen_q), w.lse_view(), options);
+  };
+  tileattn::IoCounts io16;
+  options.io_counts = &io16;
+  run_bf16();
+  options.io_counts = nullptr;
+  const double bf16_s = best_seconds(opt.repetitions, run_bf16);
+  std::vector<float> bf16_o(o16.size());
+  for (std::size_t i = 0; i < o16.size(); ++i) bf16_o[i] = tileattn::to_float(o16[i]);
+  const std::vector<float> bf16_lse = w.lse;
+
   // Standard attention on Eigen: warm-up (sizes the workspaces), then the timed calls.
   tileattn::bench::StandardAttention standard(options.execution);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
@@ -215,6 +241,7 @@ int main(int argc, char** argv) {
   const std::chrono::duration<double> ref_s = std::chrono::steady_clock::now() - ref_start;
   const Errors tiled_err = max_errors(w, tiled_o, tiled_lse, heads_checked, refs);
   const Errors standard_err = max_errors(w, w.o, w.lse, heads_checked, refs);
+  const Errors bf16_err = max_errors(w, bf16_o, bf16_lse, heads_checked, refs);
 
   const double tiled_bytes = static_cast<double>(io.bytes_read + io.bytes_written);
   const double standard_bytes = static_cast<double>(
@@ -226,11 +253,17 @@ int main(int argc, char** argv) {
               gflop / tiled_s, tiled_bytes / (1 << 20), tiled_err.o, tiled_err.lse);
   std::printf("%-22s %10.1f %9.1f %16.1f %13.2e %13.2e\n", "standard (Eigen)", standard_s * 1e3,
               gflop / standard_s, standard_bytes / (1 << 20), standard_err.o, standard_err.lse);
+  std::printf("%-22s %10.1f %9.1f %16.1f %13.2e %13.2e\n", "tileattn bf16", bf16_s * 1e3,
+              gflop / bf16_s, static_cast<double>(io16.bytes_read + io16.bytes_written) / (1 << 20),
+              bf16_err.o, bf16_err.lse);
   std::printf("\nspeed: tileattn runs at %.2fx the standard attention's rate; it moves %.1fx fewer HBM bytes\n",
               standard_s / tiled_s, standard_bytes / tiled_bytes);
   std::printf("bytes: tileattn counted per tile load/store; standard from the FlashAttention Algorithm 0 formula\n");
   std::printf("FLOPs: 4*B*H*N^2*d%s = %.1f GFLOP per call; best of %d calls each\n",
               s.causal ? "/2" : "", gflop, opt.repetitions);
+  std::printf("bf16: Q, K, V, O in bf16 (%s tiles), accumulation in fp32, %.2fx the fp32 rate; its error is\n"
+              "      against the fp32 inputs' reference, so it includes rounding the inputs to bf16 (docs/precision.md)\n",
+              tileattn::arch::native::bf16_dot_product ? "vdpbf16ps pair" : "float", tiled_s / bf16_s);
 
   const double o_bound = 2.0 * standard_err.o + 1e-5, lse_bound = 2.0 * standard_err.lse + 1e-5;
   const bool ok = tiled_err.o <= o_bound && tiled_err.lse <= lse_bound;
