@@ -105,7 +105,7 @@ void load_rows_transposed(Tile<bf16x2>& dst, const MatrixView<const bf16>& src, 
   dst.set_extent(pairs, rows);
   io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(bf16));
   if (src.col_stride != 1 || src.row_stride % 2 != 0 ||
-      reinterpret_cast<std::uintptr_t>(src.data) % alignof(bf16x2) != 0) {
+      reinterpret_cast<std::uintptr_t>(src.data) % alignof(float) != 0) {  // pairs read as floats
     for (index_t p = 0; p < pairs; ++p)
       for (index_t r = 0; r < rows; ++r)
         dst(p, r) = {src(row0 + r, 2 * p), 2 * p + 1 < cols ? src(row0 + r, 2 * p + 1) : bf16{}};
