@@ -1,8 +1,10 @@
 // tileattn/tileattn.hpp: the umbrella header: includes the whole public API.
 #pragma once
 
+#include "tileattn/autograd.hpp"
 #include "tileattn/backend/execution.hpp"
 #include "tileattn/backend/parallel_for.hpp"
+#include "tileattn/backward.hpp"
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/limits.hpp"

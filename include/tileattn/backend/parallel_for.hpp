@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "tileattn/backend/execution.hpp"
@@ -91,6 +92,20 @@ void parallel_for(const Execution& exec, index_t count, Body&& body) {
   if (count <= 0) return;
   const int workers = worker_count(exec, count);
   detail::visit_backend(exec.backend, [&](auto be) { be.parallel_for(count, workers, body); });
+}
+
+/// parallel_for whose items start in index order, whatever the backend: each worker takes
+/// the next unstarted item from a shared counter and runs it to the end. So a body may wait
+/// for an item with a smaller index (the backward's ordered dQ sums): that item has
+/// started on a running worker, and the smallest unfinished item waits for nothing. Same
+/// contract on `worker` as parallel_for.
+template <class Body>
+void parallel_for_in_order(const Execution& exec, index_t count, Body&& body) {
+  if (count <= 0) return;
+  std::atomic<index_t> next{0};
+  parallel_for(exec, worker_count(exec, count), [&](index_t, int worker) {
+    for (index_t item = next.fetch_add(1); item < count; item = next.fetch_add(1)) body(item, worker);
+  });
 }
 
 }  // namespace tileattn

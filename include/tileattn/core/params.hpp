@@ -1,8 +1,9 @@
-// tileattn/core/params.hpp: the options users set and the params struct kernels consume.
+// tileattn/core/params.hpp: the options users set and the params structs kernels consume.
 //
-// ForwardOptions is what a caller fills in. ForwardParams is the resolved, validated
-// inner currency handed to a kernel (as FlashAttention's Flash_fwd_params): views,
-// the effective softmax scale, masks and score modifiers, and the sequence layout.
+// ForwardOptions / BackwardOptions are what a caller fills in. ForwardParams and
+// BackwardParams are the resolved, validated inner currency handed to a kernel (as
+// FlashAttention's Flash_fwd_params / Flash_bwd_params): views, the effective softmax
+// scale, masks and score modifiers, and the sequence layout.
 #pragma once
 
 #include <cstddef>
@@ -62,6 +63,16 @@ struct ForwardOptions : ScoreOptions {
   IoCounts* io_counts = nullptr;
 };
 
+/// The backward's options: the forward's (they must be the ones the forward ran with), and
+/// the gradients of the two trained score parameters, written when the caller asks.
+struct BackwardOptions : ForwardOptions {
+  /// d(loss)/d(sinks[h]), heads_q entries (needs sinks); empty: not computed.
+  std::span<float> dsinks{};
+  /// d(loss)/d(bias), the bias's own shape: dimensions it broadcasts (extent 1) are summed
+  /// over. data == nullptr: not computed. Needs a bias.
+  StridedView<float, 4> dbias{};
+};
+
 /// Packed variable-length batches as in FlashAttention's varlen API: sequence b owns rows
 /// [cu_seqlens_q[b], cu_seqlens_q[b+1]) of the packed Q and O, and likewise for K and V.
 struct VarlenSequences {
@@ -111,6 +122,18 @@ struct ForwardParams : ScoreOptions {
   }
   /// Causal is the window's right edge at 0, whatever window_right says (as FlashAttention).
   index_t effective_window_right() const { return causal ? 0 : window_right; }
+};
+
+/// The backward's params: the forward's (its o and lse are unused) and the backward's
+/// own tensors. O is the forward's output as stored, lse its log-sum-exp.
+template <class T>
+struct BackwardParams : ForwardParams<T> {
+  TensorView<const T> out;                // O, like o
+  StridedView<const float, 3> saved_lse;  // [batch, heads_q, seqlen_q]
+  TensorView<const T> dout;               // dO, like o
+  TensorView<T> dq, dk, dv;               // like q, k, v
+  std::span<float> dsinks{};
+  StridedView<float, 4> dbias{};
 };
 
 }  // namespace tileattn

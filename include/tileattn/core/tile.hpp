@@ -44,6 +44,17 @@ class Tile {
     return t;
   }
 
+  /// A rows x cols window onto memory the caller owns, ld elements between rows: how a
+  /// kernel hands a main-memory accumulator (the backward's fp32 dQ) to the tile products.
+  static Tile wrap(T* data, index_t rows, index_t cols, index_t ld) {
+    Tile t;
+    t.data_ = data;
+    t.capacity_rows_ = t.rows_ = rows;
+    t.capacity_cols_ = t.cols_ = cols;
+    t.ld_ = ld;
+    return t;
+  }
+
   /// Shrinks (or restores) the extent in use, within the capacity carved.
   void set_extent(index_t rows, index_t cols = Cols) {
     assert(rows >= 0 && rows <= capacity_rows_ && cols >= 0 && cols <= capacity_cols_);

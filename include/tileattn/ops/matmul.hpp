@@ -1,8 +1,10 @@
 // tileattn/ops/matmul.hpp: tile matrix products: C = A B and C += A B on SRAM tiles, over
-// float tiles or bf16 pair tiles (C is always float).
+// float tiles or bf16 pair tiles (C is always float); the sparse-safe C += A B for an
+// operand with Inf or NaN; and the SRAM transpose that turns P and dS into P^T and dS^T.
 #pragma once
 
 #include <cassert>
+#include <cmath>
 
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/tile.hpp"
@@ -24,6 +26,30 @@ void matmul_accumulate(TileC& c, const TileA& a, const TileB& b) {
   assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
   arch::native::gemm<true>(a.rows(), b.cols(), a.cols(), a.data(), a.ld(), b.data(), b.ld(),
                            c.data(), c.ld());
+}
+
+/// c += a * b, skipping the terms whose a is zero, in the same order as matmul_accumulate:
+/// for a b that holds an Inf or a NaN, which must reach only the rows whose a sees it (a
+/// masked probability is an exact zero, and 0 * NaN would poison the row). Float tiles.
+template <class TileC, class TileA, class TileB>
+void matmul_accumulate_nonzero(TileC& c, const TileA& a, const TileB& b) {
+  assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
+  for (index_t i = 0; i < a.rows(); ++i) {
+    float* ci = c.row(i);
+    for (index_t p = 0; p < a.cols(); ++p) {
+      const float aip = a(i, p);
+      if (aip == 0.0f) continue;
+      const float* bp = b.row(p);
+      for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(aip, bp[j], ci[j]);
+    }
+  }
+}
+
+/// dst = src^T; dst's extent becomes src.cols() x src.rows(). SRAM to SRAM: no HBM traffic.
+template <class TileD, class TileS>
+void transpose(TileD& dst, const TileS& src) {
+  dst.set_extent(src.cols(), src.rows());
+  arch::native::transpose(src.rows(), src.cols(), src.data(), src.ld(), dst.data(), dst.ld());
 }
 
 }  // namespace tileattn::ops

@@ -115,11 +115,14 @@ class ScoreModifiers {
   float to_log2() const { return converts() ? 1.0f : to_log2_; }
 
   /// Applies every modifier to the raw scores s, whose columns are keys [col0, col0 +
-  /// s.cols()). The bias and mask elements read from main memory are reported to the IO policy.
+  /// s.cols()). The bias and mask elements read from main memory are reported to the IO
+  /// policy. With `softcap_slope` (the backward), a softcapped call also writes there the
+  /// derivative of the cap, 1 - tanh^2, per score.
   template <class ScoreTile, class Io>
-  void apply(ScoreTile& s, const PackedRows& rows, index_t col0, Io& io) const {
+  void apply(ScoreTile& s, const PackedRows& rows, index_t col0, Io& io,
+             ScoreTile* softcap_slope = nullptr) const {
     const auto elements = static_cast<std::uint64_t>(rows.count() * s.cols());
-    if (softcap_ > 0) apply_softcap(s);
+    if (softcap_ > 0) apply_softcap(s, softcap_slope);
     else if (converts()) scale(s, to_log2_);
     if (bias_.data) {
       apply_bias(s, rows, col0);
@@ -158,13 +161,16 @@ class ScoreModifiers {
   /// scale / softcap may lie outside float's range. The clamp only keeps rounding from
   /// pushing a score at the cap past FLT_MAX.
   template <class ScoreTile>
-  void apply_softcap(ScoreTile& s) const {
+  void apply_softcap(ScoreTile& s, ScoreTile* slope) const {
     constexpr double largest = std::numeric_limits<float>::max();
+    if (slope) slope->set_extent(s.rows(), s.cols());
     for (index_t r = 0; r < s.rows(); ++r) {
       float* row = s.row(r);
-      for (index_t j = 0; j < s.cols(); ++j)
-        row[j] = static_cast<float>(
-            std::clamp(softcap_ * std::tanh(static_cast<double>(row[j]) * softcap_in_), -largest, largest));
+      for (index_t j = 0; j < s.cols(); ++j) {
+        const double t = std::tanh(static_cast<double>(row[j]) * softcap_in_);
+        row[j] = static_cast<float>(std::clamp(softcap_ * t, -largest, largest));
+        if (slope) (*slope)(r, j) = static_cast<float>(1.0 - t * t);
+      }
     }
   }
   template <class ScoreTile>

@@ -1,0 +1,182 @@
+// tileattn/backward.hpp: the public backward pass: tileattn::backward() over strided views and
+// tileattn::backward_varlen() over packed variable-length batches: dQ, dK, dV (and, when
+// asked, d(sinks) and d(bias)) from the forward's inputs, its output O and log-sum-exp.
+//
+//   tileattn::ForwardOptions fwd;  fwd.causal = true;
+//   tileattn::forward(q, k, v, o, lse, fwd);          // keep O and the LSE
+//   ...                                               // the loss gives dO
+//   tileattn::BackwardOptions bwd;  static_cast<tileattn::ForwardOptions&>(bwd) = fwd;
+//   tileattn::backward(q, k, v, o, lse, dout, dq, dk, dv, bwd);
+//
+// The options must be the forward's (the LSE is only valid for them). Gradients accumulate
+// in fp32 and are rounded once when stored; they are bitwise identical for every backend,
+// thread count and SRAM budget (docs/backward.md). Every argument is checked before
+// anything runs: a bad one throws tileattn::invalid_argument naming it, and nothing is written.
+#pragma once
+
+#include <type_traits>
+
+#include "tileattn/detail/backward_checks.hpp"
+#include "tileattn/forward.hpp"
+#include "tileattn/kernels/backward.hpp"
+#include "tileattn/kernels/backward_plan.hpp"
+
+namespace tileattn {
+
+/// The saved log-sum-exp the backward reads: [batch, heads_q, seqlen_q] (an LseView converts).
+using SavedLseView = StridedView<const float, 3>;
+/// The same for packed variable-length batches: [heads_q, total_q].
+using SavedPackedLseView = StridedView<const float, 2>;
+
+/// The tile plan backward() uses for a call of this shape with these options.
+inline BackwardPlan plan_backward(const BackwardShape& shape, const ForwardOptions& options = {}) {
+  return plan_backward_tiles(shape, effective_sram_budget(options), worker_count(options.execution));
+}
+
+namespace detail {
+
+template <class T>
+BackwardShape backward_shape(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k) {
+  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.batch() * p.heads_kv(), p.softcap > 0};
+}
+
+template <class T>
+BackwardParams<T> make_backward_params(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                                       TensorView<const T> o, SavedLseView lse, TensorView<const T> dout,
+                                       TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
+                                       const BackwardOptions& opt) {
+  BackwardParams<T> p;
+  static_cast<ForwardParams<T>&>(p) = make_params(q, k, v, TensorView<T>{}, LseView{}, opt);
+  p.out = o;
+  p.saved_lse = lse;
+  p.dout = dout;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.dsinks = opt.dsinks;
+  p.dbias = opt.dbias;
+  return p;
+}
+
+template <class T>
+void check_saved_lse(const StridedView<const float, 3>& lse, const TensorView<const T>& q) {
+  require(lse.data != nullptr, "lse", "data is null (the backward needs the forward's log-sum-exp)");
+  check_lse(StridedView<float, 3>{const_cast<float*>(lse.data), lse.shape, lse.stride},
+            {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+}
+
+/// The checks both entry points share once the params are built, then the run.
+template <class T>
+void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
+                            const BackwardOptions& options) {
+  check_options(p, p.batch(), max_seqlen_q, max_seqlen_k, options.execution);
+  check_budget(options);
+  check_extra_gradients(p);
+  check_backward_aliasing(p);
+  const BackwardPlan plan = plan_backward(backward_shape(p, max_seqlen_q, max_seqlen_k), options);
+  if (p.dbias.data) {  // zero first: keys a row never sees get no gradient
+    const StridedView<float, 4>& g = p.dbias;
+    for (index_t b = 0; b < g.shape[0]; ++b)
+      for (index_t h = 0; h < g.shape[1]; ++h)
+        for (index_t i = 0; i < g.shape[2]; ++i)
+          for (index_t j = 0; j < g.shape[3]; ++j) g(b, h, i, j) = 0.0f;
+  }
+  if (options.io_counts) {
+    *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution);
+  } else {
+    kernels::run_backward<NoIoCounting>(p, plan, options.execution);
+  }
+}
+
+template <class T>
+void backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
+              SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
+              const BackwardOptions& options) {
+  check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
+  check_saved_lse(lse, q);
+  const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
+  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
+}
+
+template <class T>
+void backward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<const T> v, PackedView<const T> o,
+                     SavedPackedLseView lse, PackedView<const T> dout, PackedView<T> dq, PackedView<T> dk,
+                     PackedView<T> dv, const VarlenSequences& seqs, const BackwardOptions& options) {
+  check_backward_views(q, k, v, o, dout, dq, dk, dv, packed_layout);
+  require(lse.data != nullptr, "lse", "data is null (the backward needs the forward's log-sum-exp)");
+  check_lse(StridedView<float, 2>{const_cast<float*>(lse.data), lse.shape, lse.stride}, {q.shape[1], q.shape[0]},
+            packed_lse_dims);
+  const SavedLseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
+  BackwardParams<T> p = make_backward_params(unpack(q), unpack(k), unpack(v), unpack(o), lse3, unpack(dout),
+                                             unpack(dq), unpack(dk), unpack(dv), options);
+  require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
+  require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
+  require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
+  require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
+  check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], seqs.max_seqlen_q, "max_seqlen_q");
+  check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], seqs.max_seqlen_k, "max_seqlen_k");
+  p.cu_seqlens_q = seqs.cu_seqlens_q.data();
+  p.cu_seqlens_k = seqs.cu_seqlens_k.data();
+  p.num_sequences = batch;
+  check_and_run_backward(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
+}
+
+/// One storage type for every tensor of a backward call; the gradients must be writable.
+template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
+constexpr void check_backward_element_types() {
+  check_element_types<Q, K, V, std::remove_const_t<O>>();
+  using T = std::remove_const_t<Q>;
+  static_assert(std::is_same_v<T, std::remove_const_t<DO>>, "tileattn: dout must have q's element type");
+  static_assert(std::is_same_v<T, DQ> && std::is_same_v<T, DK> && std::is_same_v<T, DV>,
+                "tileattn: dq, dk and dv must have q's element type (and must not be const)");
+}
+
+}  // namespace detail
+
+/// The gradients of a forward(q, k, v, o, lse, options) call: given dO = d(loss)/dO, writes
+/// dQ, dK and dV (dk and dv summed over each K/V head's group of query heads), and, when
+/// options.dsinks / options.dbias are set, d(loss)/d(sinks) and d(loss)/d(bias). `options`
+/// must hold the forward's options. Rows that saw no key get zero gradients; a NaN that a
+/// row saw reaches that row's dQ and the dK, dV of the keys it saw, nothing else.
+/// All tensors hold one storage type (float, bf16 or fp16), lse is float.
+template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
+void backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
+              SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq, const TensorView<DK>& dk,
+              const TensorView<DV>& dv, const BackwardOptions& options = {}) {
+  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options);
+}
+
+/// backward() over packed variable-length batches (FlashAttention's varlen backward):
+/// tensors as forward_varlen()'s, lse [heads_q, total_q].
+template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
+void backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
+                     const PackedView<O>& o, SavedPackedLseView lse, const PackedView<DO>& dout,
+                     const PackedView<DQ>& dq, const PackedView<DK>& dk, const PackedView<DV>& dv,
+                     const VarlenSequences& seqs, const BackwardOptions& options = {}) {
+  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  detail::backward_varlen<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options);
+}
+
+}  // namespace tileattn
+
+// The explicit instantiations of the backward for float, bf16 and fp16, as the forward's
+// (forward.hpp): compiled once into tileattn::instantiations, extern in its users.
+#define TILEATTN_INSTANTIATE_BACKWARD(KEYWORD, T)                                                      \
+  KEYWORD template void tileattn::detail::backward<T>(                                                 \
+      tileattn::TensorView<const T>, tileattn::TensorView<const T>, tileattn::TensorView<const T>,     \
+      tileattn::TensorView<const T>, tileattn::SavedLseView, tileattn::TensorView<const T>,            \
+      tileattn::TensorView<T>, tileattn::TensorView<T>, tileattn::TensorView<T>,                       \
+      const tileattn::BackwardOptions&);                                                               \
+  KEYWORD template void tileattn::detail::backward_varlen<T>(                                          \
+      tileattn::PackedView<const T>, tileattn::PackedView<const T>, tileattn::PackedView<const T>,     \
+      tileattn::PackedView<const T>, tileattn::SavedPackedLseView, tileattn::PackedView<const T>,      \
+      tileattn::PackedView<T>, tileattn::PackedView<T>, tileattn::PackedView<T>,                       \
+      const tileattn::VarlenSequences&, const tileattn::BackwardOptions&);
+
+#if defined(TILEATTN_EXTERN_TEMPLATES)
+TILEATTN_INSTANTIATE_BACKWARD(extern, float)
+TILEATTN_INSTANTIATE_BACKWARD(extern, tileattn::bf16)
+TILEATTN_INSTANTIATE_BACKWARD(extern, tileattn::fp16)
+#endif

@@ -1,0 +1,293 @@
+// tileattn/kernels/backward.hpp: the tiled backward kernel (FlashAttention-2's Algorithm 2
+// loop order, deterministic).
+//
+// Three passes, each a parallel_for over tiles:
+//   1. preprocess: D = rowsum(dO * O) per query row (and d(sink) per head from D and LSE);
+//   2. main: a work item (kernels/backward_work_list.hpp) keeps one key tile's K, K^T, V^T
+//      and its dK, dV accumulators in SRAM and streams past them every query tile that
+//      sees those keys: S = Q K^T, the score modifiers, P = 2^(S - LSE) recomputed,
+//      dP = dO V^T, dS = P * (dP - D); dV += P^T dO, dK += dS^T Q, and dQ_acc += dS K into
+//      an fp32 accumulator in main memory, taking turns so that every dQ row sums its key
+//      tiles in ascending order;
+//   3. epilogue: dQ = scale * dQ_acc, rounded once to the storage type.
+// No N x N buffer: extra memory is the fp32 dQ accumulator and D (O(N) per head) and one
+// turn counter per query tile and head.
+#pragma once
+
+#include <cmath>
+#include <numbers>
+#include <span>
+#include <vector>
+
+#include "tileattn/backend/parallel_for.hpp"
+#include "tileattn/core/params.hpp"
+#include "tileattn/core/tile.hpp"
+#include "tileattn/kernels/backward_plan.hpp"
+#include "tileattn/kernels/backward_work_list.hpp"
+#include "tileattn/kernels/forward.hpp"
+#include "tileattn/memory/io_counter.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
+#include "tileattn/memory/tile_io.hpp"
+#include "tileattn/ops/matmul.hpp"
+#include "tileattn/ops/score_mods.hpp"
+#include "tileattn/ops/softmax_grad.hpp"
+
+namespace tileattn::kernels {
+
+/// Everything one backward work item keeps in SRAM. Footprint: backward_working_set_bytes.
+struct BackwardTiles {
+  Tile<float> k;       // (Bc, d) keys: the B operand of dQ += dS K
+  Tile<float> k_t;     // (d, Bc) keys, transposed: S = Q K^T
+  Tile<float> v_t;     // (dv, Bc) values, transposed: dP = dO V^T
+  Tile<float> dk, dv;  // (Bc, d), (Bc, dv) accumulators
+  Tile<float> q;       // (Br, d)
+  Tile<float> dout;    // (Br, dv)
+  Tile<float> s;       // (Br, Bc) scores, then P
+  Tile<float> ds;      // (Br, Bc) dP, then dS
+  Tile<float> t;       // (Bc, Br) P^T, then dS^T
+  Tile<float> slope;   // (Br, Bc) the softcap's derivative (softcap only)
+  TileVector<float> lse2, delta;  // (Br) LSE in log2 units, D
+
+  static BackwardTiles carve(ScratchArena& arena, const BackwardPlan& plan, index_t d, index_t dv, bool softcap) {
+    const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
+    BackwardTiles t;
+    t.k = Tile<float>::carve(arena, bc, d);
+    t.k_t = Tile<float>::carve(arena, d, bc);
+    t.v_t = Tile<float>::carve(arena, dv, bc);
+    t.dk = Tile<float>::carve(arena, bc, d);
+    t.dv = Tile<float>::carve(arena, bc, dv);
+    t.q = Tile<float>::carve(arena, br, d);
+    t.dout = Tile<float>::carve(arena, br, dv);
+    t.s = Tile<float>::carve(arena, br, bc);
+    t.ds = Tile<float>::carve(arena, br, bc);
+    t.t = Tile<float>::carve(arena, bc, br);
+    if (softcap) t.slope = Tile<float>::carve(arena, br, bc);
+    t.lse2 = TileVector<float>::carve(arena, br);
+    t.delta = TileVector<float>::carve(arena, br);
+    return t;
+  }
+};
+
+/// The backward's main-memory state besides the user's tensors: the fp32 dQ accumulator
+/// [view batch, heads, seqlen, d], D [view batch, heads, seqlen], and the dQ turns.
+struct BackwardState {
+  std::vector<float> dq_acc;
+  std::vector<float> delta;
+  TensorView<float> dq_acc_view;
+  StridedView<float, 3> delta_view;
+  DqTurns turns;
+
+  template <class T>
+  BackwardState(const BackwardParams<T>& p, const BackwardPlan& plan)
+      : dq_acc(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2] * p.q.shape[3]), 0.0f),
+        delta(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2]), 0.0f),
+        dq_acc_view(make_bhsd(dq_acc.data(), p.q.shape[0], p.q.shape[2], p.q.shape[1], p.q.shape[3])),
+        delta_view{delta.data(), {p.q.shape[0], p.q.shape[2], p.q.shape[1]},
+                   {p.q.shape[2] * p.q.shape[1], p.q.shape[1], 1}},
+        turns(p, plan) {}
+};
+
+/// Reads rows [row0, row0 + n) of one (view batch, head) of a [batch, heads, seqlen] vector.
+template <class V, class Io>
+void load_vector(const V& view, index_t view_batch, index_t head, index_t row0, index_t n,
+                 float scale, float* out, Io& io) {
+  for (index_t i = 0; i < n; ++i) out[i] = view(view_batch, head, row0 + i) * scale;
+  io.read(static_cast<std::uint64_t>(n) * sizeof(float));
+}
+
+/// Pass 1 for one (sequence, head, query tile): D = rowsum(dO * O) in fp32.
+template <class T, class Io>
+void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardPlan& plan, const BackwardState& st,
+                              index_t b, index_t head, index_t tile, Io& io) {
+  const SequenceRange seq = p.sequence(b);
+  const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
+  ScratchArena& arena = worker_scratch(plan.working_set_bytes);
+  Tile<float> o = Tile<float>::carve(arena, n, p.head_dim_v());
+  Tile<float> dout = Tile<float>::carve(arena, n, p.head_dim_v());
+  load_rows(o, sequence_matrix(p.out, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
+  load_rows(dout, sequence_matrix(p.dout, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
+  TileVector<float> d = TileVector<float>::carve(arena, n);
+  ops::row_dots(dout, o, d.data());
+  store_vector(&st.delta_view(seq.view_batch, head, seq.q_start + r0), 1, d.data(), n, io);
+}
+
+/// dbias[..., rows, keys] += dS (natural units) for one query head: the bias's broadcast
+/// dimensions (extent 1) receive every head's or sequence's share, in the order the
+/// kernel's phases run them.
+template <class T, class Io>
+void accumulate_bias_grad(const BackwardParams<T>& p, const KeyBlock& blk, index_t head, index_t r0,
+                          const Tile<float>& ds, Io& io) {
+  const StridedView<float, 4>& g = p.dbias;
+  float* base = g.data + (g.shape[0] == 1 ? 0 : blk.sequence * g.stride[0]) + (g.shape[1] == 1 ? 0 : head * g.stride[1]);
+  for (index_t r = 0; r < ds.rows(); ++r) {
+    float* row = base + (r0 + r) * g.stride[2] + blk.col0 * g.stride[3];
+    for (index_t j = 0; j < ds.cols(); ++j) row[j * g.stride[3]] += ds(r, j);
+  }
+  const auto bytes = static_cast<std::uint64_t>(ds.rows() * ds.cols()) * sizeof(float);
+  io.read(bytes);
+  io.written(bytes);
+}
+
+/// One query tile's step against the resident key tile: rows [r0, r0 + n) of `head`.
+template <class T, class Io>
+void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, const KeyBlock& blk,
+                   BackwardState& st, index_t head, index_t tile, index_t r0, index_t n,
+                   bool keys_finite, BackwardTiles& t, Io& io) {
+  constexpr float log2e = std::numbers::log2e_v<float>;
+  const SequenceRange& seq = blk.range;
+  const auto rows_of = [&](const auto& view) {
+    return sequence_matrix(view, seq.view_batch, head, seq.q_start, seq.q_len);
+  };
+  load_rows(t.q, rows_of(p.q), r0, n, io);                                        // (n, d)
+  load_rows(t.dout, rows_of(p.dout), r0, n, io);                                  // (n, dv)
+  load_vector(p.saved_lse, seq.view_batch, head, seq.q_start + r0, n, log2e, t.lse2.data(), io);
+  load_vector(st.delta_view, seq.view_batch, head, seq.q_start + r0, n, 1.0f, t.delta.data(), io);
+
+  ops::matmul(t.s, t.q, t.k_t);                                                   // S (n, Bc)
+  Tile<float>* slope = p.softcap > 0 ? &t.slope : nullptr;
+  mods.apply(t.s, {head, 1, r0, n}, blk.col0, io, slope);
+  ops::recompute_probabilities(t.s, t.lse2.data(), mods.to_log2());               // P
+  ops::matmul(t.ds, t.dout, t.v_t);                                               // dP
+  ops::softmax_grad(t.ds, t.s, t.delta.data());                                   // dS
+  if (p.dbias.data) accumulate_bias_grad(p, blk, head, r0, t.ds, io);
+  if (slope) ops::multiply(t.ds, *slope);                                         // through tanh
+
+  ops::transpose(t.t, t.s);                                                       // P^T (Bc, n)
+  if (ops::all_finite(t.dout)) ops::matmul_accumulate(t.dv, t.t, t.dout);         // dV += P^T dO
+  else ops::matmul_accumulate_nonzero(t.dv, t.t, t.dout);
+  ops::transpose(t.t, t.ds);                                                      // dS^T
+  if (ops::all_finite(t.q)) ops::matmul_accumulate(t.dk, t.t, t.q);               // dK += dS^T Q
+  else ops::matmul_accumulate_nonzero(t.dk, t.t, t.q);
+
+  // dQ_acc += dS K, after the key tiles before this one (ascending order: deterministic).
+  Tile<float> acc = Tile<float>::wrap(&st.dq_acc_view(seq.view_batch, seq.q_start + r0, head, 0), n, p.head_dim(),
+                                      st.dq_acc_view.stride[1]);
+  st.turns.wait(blk.sequence, tile, head, blk.key_tile);
+  if (keys_finite) ops::matmul_accumulate(acc, t.ds, t.k);
+  else ops::matmul_accumulate_nonzero(acc, t.ds, t.k);
+  st.turns.pass(blk.sequence, tile, head, blk.key_tile);
+  const auto acc_bytes = static_cast<std::uint64_t>(n * p.head_dim()) * sizeof(float);
+  io.read(acc_bytes);
+  io.written(acc_bytes);
+}
+
+/// Pass 2 for one work item: dK and dV of one key tile, summed over the group's query heads.
+template <class T, class Io>
+void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, const KeyBlock& blk,
+                        BackwardState& st, BackwardTiles& t, Io& io) {
+  const SequenceRange& seq = blk.range;
+  const ops::ScoreModifiers mods(p, blk.sequence, seq);
+  const auto keys_of = [&](const auto& view) {
+    return sequence_matrix(view, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
+  };
+  load_rows(t.k, keys_of(p.k), blk.col0, blk.cols, io);                           // (Bc, d)
+  ops::transpose(t.k_t, t.k);                                                     // (d, Bc)
+  load_rows_transposed(t.v_t, keys_of(p.v), blk.col0, blk.cols, io);             // (dv, Bc)
+  const bool keys_finite = ops::all_finite(t.k);
+  t.dk.set_extent(blk.cols, p.head_dim());
+  t.dv.set_extent(blk.cols, p.head_dim_v());
+  ops::fill(t.dk, 0.0f);
+  ops::fill(t.dv, 0.0f);
+
+  const index_t br = plan.query_tile_rows;
+  const auto [lo, hi] = mods.window().positions_seeing(0, seq.q_len, blk.col0, blk.cols);
+  for (index_t g = 0; g < p.group_size(); ++g) {                                  // heads, then rows:
+    const index_t head = blk.kv_head * p.group_size() + g;                        // dK, dV sum in one
+    for (index_t tile = lo / br; tile * br < hi; ++tile) {                        // order for any tiling
+      const auto [r0, r1] = visited_rows(lo, hi, tile, br);
+      backward_step(p, mods, blk, st, head, tile, r0, r1 - r0, keys_finite, t, io);
+    }
+  }
+  ops::scale(t.dk, p.softmax_scale);
+  store_rows(keys_of(p.dk), blk.col0, t.dk, io);
+  store_rows(keys_of(p.dv), blk.col0, t.dv, io);
+}
+
+/// Pass 3 for one (sequence, head, query tile): dQ = scale * dQ_acc, rounded once.
+template <class T, class Io>
+void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardPlan& plan, const BackwardState& st,
+                            index_t b, index_t head, index_t tile, Io& io) {
+  const SequenceRange seq = p.sequence(b);
+  const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
+  Tile<float> dq = Tile<float>::carve(worker_scratch(plan.working_set_bytes), n, p.head_dim());
+  const TensorView<const float> acc = st.dq_acc_view;
+  load_rows(dq, sequence_matrix(acc, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
+  ops::scale(dq, p.softmax_scale);
+  store_rows(sequence_matrix(p.dq, seq.view_batch, head, seq.q_start, seq.q_len), r0, dq, io);
+}
+
+/// d(sink_h) = -sum over rows of 2^(sink_h - lse) * D, in a fixed order (double sums).
+template <class T, class Io>
+void sink_gradients(const BackwardParams<T>& p, const BackwardState& st, Io& io) {
+  for (index_t h = 0; h < p.heads(); ++h) {
+    double sum = 0.0;
+    for (index_t b = 0; b < p.batch(); ++b) {
+      const SequenceRange seq = p.sequence(b);
+      const double sink = p.sinks[static_cast<std::size_t>(h)];
+      for (index_t i = 0; i < seq.q_len; ++i) {
+        const double lse = p.saved_lse(seq.view_batch, h, seq.q_start + i);
+        sum += std::exp(sink - lse) * static_cast<double>(st.delta_view(seq.view_batch, h, seq.q_start + i));
+      }
+      io.read(static_cast<std::uint64_t>(seq.q_len) * 2 * sizeof(float));
+    }
+    p.dsinks[static_cast<std::size_t>(h)] = static_cast<float>(-sum);
+  }
+  io.written(static_cast<std::uint64_t>(p.heads()) * sizeof(float));
+}
+
+/// (sequence, head, query tile) triples of the whole batch, for passes 1 and 3.
+template <class T>
+std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, const BackwardPlan& plan) {
+  std::vector<std::array<index_t, 3>> tiles;
+  for (index_t b = 0; b < p.batch(); ++b)
+    for (index_t h = 0; h < p.heads(); ++h)
+      for (index_t t = 0; t < plan.query_tiles(p.sequence(b).q_len); ++t) tiles.push_back({b, h, t});
+  return tiles;
+}
+
+/// Runs the three passes under `exec`; returns the HBM traffic counted (zero unless Io counts).
+/// A bias gradient that broadcasts over sequences or K/V heads runs pass 2 in phases, one per
+/// sequence or head, so that each of its elements sums its shares in a fixed order.
+template <class Io, class T>
+IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, const Execution& exec) {
+  BackwardState st(p, plan);
+  const index_t workers = worker_count(exec);
+  std::vector<Io> io(static_cast<std::size_t>(std::max<index_t>(workers, 1)));
+  const auto tiles = query_tiles(p, plan);
+  const auto n_tiles = static_cast<index_t>(tiles.size());
+  parallel_for(exec, n_tiles, [&](index_t i, int worker) {
+    const auto& [b, h, t] = tiles[static_cast<std::size_t>(i)];
+    backward_preprocess_tile(p, plan, st, b, h, t, io[static_cast<std::size_t>(worker)]);
+  });
+  if (!p.dsinks.empty()) sink_gradients(p, st, io[0]);
+
+  const bool per_sequence = p.dbias.data && p.dbias.shape[0] == 1 && p.batch() > 1;
+  const bool per_kv_head = p.dbias.data && p.dbias.shape[1] == 1 && p.heads_kv() > 1;
+  const index_t seq_phases = per_sequence ? p.batch() : 1, kv_phases = per_kv_head ? p.heads_kv() : 1;
+  for (index_t sp = 0; sp < seq_phases; ++sp)
+    for (index_t kp = 0; kp < kv_phases; ++kp) {
+      const BackwardWorkList work(p, plan, per_sequence ? sp : 0, per_sequence ? sp + 1 : p.batch(),
+                                  per_kv_head ? kp : 0, per_kv_head ? kp + 1 : p.heads_kv());
+      parallel_for_in_order(exec, work.size(), [&](index_t item, int worker) {
+        try {
+          auto t = BackwardTiles::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(),
+                                        p.head_dim_v(), p.softcap > 0);
+          backward_key_block(p, plan, work[item], st, t, io[static_cast<std::size_t>(worker)]);
+        } catch (...) {
+          st.turns.abort();
+          throw;
+        }
+      });
+    }
+
+  parallel_for(exec, n_tiles, [&](index_t i, int worker) {
+    const auto& [b, h, t] = tiles[static_cast<std::size_t>(i)];
+    backward_epilogue_tile(p, plan, st, b, h, t, io[static_cast<std::size_t>(worker)]);
+  });
+  IoCounts total;
+  if constexpr (Io::enabled)
+    for (const Io& counter : io) total += counter.counts;
+  return total;
+}
+
+}  // namespace tileattn::kernels

@@ -1,0 +1,101 @@
+// tileattn/kernels/backward_plan.hpp: the backward's tile planner: how many keys a work item
+// keeps resident (Bc) and how many query rows it streams past them at a time (Br), and the
+// exact working set the backward kernel carves for a plan.
+//
+// Rule (docs/backward.md). A work item owns one key tile of one (sequence, K/V head): it
+// keeps K, K^T, V^T and the dK, dV accumulators resident and streams every query tile that
+// sees those keys past them (FlashAttention-2's backward loop order). Per work item it
+// reads Q, dO, LSE, D and read-modify-writes the dQ accumulator once per query tile, so
+// the HBM traffic is (number of key tiles) x (Q, dO and dQ traffic): the planner takes the
+// largest Bc that fits (up to 128), with Br = 64 query rows (the micro-kernels' sweet
+// spot; fewer only when the budget or the sequence is smaller). When the key tiles give
+// fewer than 4 items per worker, Bc halves (down to 32) so that every worker has work.
+// Results do not depend on Br, Bc or the worker count (docs/backward.md, determinism).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+
+#include "tileattn/core/error.hpp"
+#include "tileattn/core/tile.hpp"
+
+namespace tileattn {
+
+struct BackwardPlan {
+  index_t query_tile_rows = 0;  // Br: query rows streamed per step
+  index_t key_tile_rows = 0;    // Bc: keys resident per work item
+  std::size_t sram_budget_bytes = 0;
+  std::size_t working_set_bytes = 0;
+
+  index_t key_tiles(index_t seqlen_k) const { return (seqlen_k + key_tile_rows - 1) / key_tile_rows; }
+  index_t query_tiles(index_t seqlen_q) const {
+    return (seqlen_q + query_tile_rows - 1) / query_tile_rows;
+  }
+};
+
+/// What the backward planner needs to know of a call.
+struct BackwardShape {
+  index_t head_dim = 0;    // Q and K
+  index_t head_dim_v = 0;  // V, O and dO (0: head_dim)
+  index_t seqlen_q = 0;    // the longest sequence for variable-length batches
+  index_t seqlen_k = 0;
+  index_t kv_streams = 1;  // independent (sequence, K/V head) pairs: batch x heads_kv
+  bool softcap = false;    // the softcap's slope takes a tile of its own
+
+  index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+};
+
+/// Bytes the backward kernel carves for br query rows and bc keys: resident K (bc x d),
+/// K^T (d x bc), V^T (dv x bc), dK (bc x d), dV (bc x dv); streamed Q (br x d), dO (br x dv),
+/// S/P and dP/dS (br x bc each), their transpose (bc x br), the softcap's slope (br x bc,
+/// only with softcap) and two per-row vectors (LSE, D).
+/// The preprocessing (O and dO tiles of br rows, and D) and the epilogue (a dQ tile) carve
+/// from the same scratch, so the working set covers them too.
+constexpr std::size_t backward_working_set_bytes(index_t br, index_t bc, index_t d, index_t dv,
+                                                 bool softcap = false) {
+  using F = Tile<float>;
+  const std::size_t main = 2 * F::footprint(bc, d) + F::footprint(d, bc) + F::footprint(dv, bc) +
+                           F::footprint(bc, dv) + F::footprint(br, d) + F::footprint(br, dv) +
+                           (softcap ? 3 : 2) * F::footprint(br, bc) + F::footprint(bc, br) +
+                           2 * TileVector<float>::footprint(br);
+  const std::size_t preprocess = 2 * F::footprint(br, dv) + TileVector<float>::footprint(br);
+  return main > preprocess ? main : preprocess;
+}
+
+namespace detail {
+inline constexpr index_t backward_max_key_tile = 128;
+inline constexpr index_t backward_query_tile = 64;
+inline constexpr index_t backward_min_split_keys = 32;  // splitting for parallelism stops here
+inline constexpr index_t backward_items_per_worker = 4;
+}  // namespace detail
+
+/// Plans the backward tiles of `shape` for `workers` threads under an SRAM budget; throws
+/// budget_error ("sram_budget_bytes") if not even one query row and one key fit.
+inline BackwardPlan plan_backward_tiles(const BackwardShape& shape, std::size_t budget, int workers = 1) {
+  using namespace detail;
+  const index_t d = shape.head_dim, dv = shape.value_dim();
+  const index_t nq = std::max<index_t>(shape.seqlen_q, 1), nk = std::max<index_t>(shape.seqlen_k, 1);
+  const auto fits = [&](index_t br, index_t bc) {
+    return backward_working_set_bytes(br, bc, d, dv, shape.softcap) <= budget;
+  };
+  index_t br = std::min(backward_query_tile, nq);
+  index_t bc = std::min(backward_max_key_tile, nk);
+  while (!fits(br, bc)) {  // keys down to 16, then rows, then keys
+    if (bc > 16) bc = (bc + 1) / 2;
+    else if (br > 1) br = (br + 1) / 2;
+    else if (bc > 1) bc = (bc + 1) / 2;
+    else break;
+  }
+  if (!fits(br, bc))
+    throw budget_error("sram_budget_bytes",
+                       std::to_string(budget) + " bytes cannot hold the backward's 1 x 1 tiles at head_dim " +
+                           std::to_string(d) + " (" + std::to_string(backward_working_set_bytes(1, 1, d, dv, shape.softcap)) +
+                           " bytes needed)");
+  const index_t wanted = backward_items_per_worker * std::max(workers, 1);
+  const index_t streams = std::max<index_t>(shape.kv_streams, 1);
+  while (workers > 1 && bc > backward_min_split_keys && streams * ((nk + bc - 1) / bc) < wanted) bc /= 2;
+  return {br, bc, budget, backward_working_set_bytes(br, bc, d, dv, shape.softcap)};
+}
+
+}  // namespace tileattn
