@@ -7,7 +7,10 @@
 // one rounding of the gradient).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
+#include <limits>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -179,6 +182,108 @@ TEST(BackwardSmallBudget, ManyTilesGiveTheSameAccuracy) {
   check_case<float>({"small budget", {1, 130, 170, 2, 1, 32, 32},
                      [](auto& o, auto&, auto&) { o.causal = true; o.sram_budget_bytes = 40000; }},
                     Layout::bshd, 13);
+}
+
+template <class T>
+void check_varlen() {
+  SCOPED_TRACE(type_name<T>());
+  const std::vector<std::int32_t> cu_q{0, 37, 37, 150, 151}, cu_k{0, 50, 61, 150, 151};
+  const index_t H = 4, Hkv = 2, d = 24, total_q = cu_q.back(), total_k = cu_k.back(), max_q = 113, max_k = 89;
+  BackwardProblem<T> p({1, total_q, total_k, H, Hkv, d, d}, 17);  // batch 1 views over the packed rows
+  const auto packed = [](const TensorView<T>& t) {
+    return PackedView<T>{t.data, {t.shape[1], t.shape[2], t.shape[3]}, {t.stride[1], t.stride[2], t.stride[3]}};
+  };
+  BackwardOptions opts;
+  opts.causal = true;
+  std::vector<float> sinks{0.5f, -0.5f, 1.0f, 0.0f}, dsinks(4, sentinel);
+  std::vector<float> bias = normal_values(static_cast<std::size_t>(4 * H * max_q * max_k), 5, 0.5f);
+  std::vector<float> dbias(bias.size(), sentinel);
+  opts.sinks = sinks;
+  opts.dsinks = dsinks;
+  const std::array<index_t, 4> shape{4, H, max_q, max_k}, stride{H * max_q * max_k, max_q * max_k, max_k, 1};
+  opts.bias = {bias.data(), shape, stride};
+  opts.dbias = {dbias.data(), shape, stride};
+  const VarlenSequences seqs{cu_q, cu_k, max_q, max_k};
+  PackedLseView lse{p.lse.data(), {H, total_q}, {total_q, 1}};
+  forward_varlen(PackedView<const T>(packed(p.qv)), PackedView<const T>(packed(p.kv)), PackedView<const T>(packed(p.vv)),
+                 packed(p.ov), lse, seqs, opts);
+  backward_varlen(PackedView<const T>(packed(p.qv)), PackedView<const T>(packed(p.kv)), PackedView<const T>(packed(p.vv)),
+                  PackedView<const T>(packed(p.ov)), lse, PackedView<const T>(packed(p.dov)), packed(p.dqv),
+                  packed(p.dkv), packed(p.dvv), seqs, opts);
+  const auto ref = reference::attention_backward_varlen<T>(
+      packed(p.qv), packed(p.kv), packed(p.vv), packed(p.dov), cu_q, cu_k, reference::Options::from(opts));
+  const double tol = std::is_same_v<T, float> ? 2e-5 : 3e-2;
+  for (const auto& [got, want, name] : {std::tuple{p.grad_q(), &ref.dq, "dq"}, std::tuple{p.grad_k(), &ref.dk, "dk"},
+                                        std::tuple{p.grad_v(), &ref.dv, "dv"}, std::tuple{dsinks, &ref.dsinks, "dsinks"},
+                                        std::tuple{dbias, &ref.dbias, "dbias"}}) {
+    const GradError e = grad_error(got, *want, name);
+    EXPECT_EQ(e.problem, "");
+    EXPECT_GT(e.magnitude, 0.0) << name;
+    EXPECT_LE(e.max_error, tol * e.magnitude) << name;
+  }
+}
+
+TEST(BackwardVarlen, MatchesTheReferencePerSequence) {
+  check_varlen<float>();
+  check_varlen<bf16>();
+}
+
+/// The gradients of p after setting q / v / dout elements to special values.
+TEST(BackwardNonFinite, ANanReachesWhatItsRowSeesAndNothingElse) {
+  const BackwardShape s{1, 40, 60, 2, 1, 16, 16};
+  BackwardOptions opts;
+  opts.causal = true;
+  opts.alignment = MaskAlignment::top_left;  // keys 40.. are seen by no row
+  for (int what = 0; what < 3; ++what) {
+    SCOPED_TRACE(what == 0 ? "NaN in q" : what == 1 ? "NaN in dout" : "Inf in v of an unseen key");
+    BackwardProblem<float> p(s, 21);
+    if (what == 0) p.qv(0, 13, 1, 5) = std::numeric_limits<float>::quiet_NaN();
+    if (what == 2) p.vv(0, 50, 0, 3) = std::numeric_limits<float>::infinity();
+    p.forward(opts);
+    if (what == 1) p.dov(0, 21, 0, 2) = std::numeric_limits<float>::quiet_NaN();
+    p.backward(opts);
+    const auto ref = p.reference(reference::Options::from(opts));
+    for (const auto& [got, want, name] : {std::tuple{p.grad_q(), &ref.dq, "dq"}, std::tuple{p.grad_k(), &ref.dk, "dk"},
+                                          std::tuple{p.grad_v(), &ref.dv, "dv"}}) {
+      const GradError e = grad_error(got, *want, name);
+      EXPECT_EQ(e.problem, "");
+      EXPECT_LE(e.max_error, 2e-5 * e.magnitude) << name;
+    }
+    const auto nans = [](const std::vector<float>& x) { return std::count_if(x.begin(), x.end(), [](float f) { return std::isnan(f); }); };
+    if (what < 2) EXPECT_GT(nans(p.grad_q()), 0) << "the NaN reached nothing: the test cannot fail";
+    else EXPECT_EQ(nans(p.grad_q()) + nans(p.grad_k()) + nans(p.grad_v()), 0);
+  }
+}
+
+TEST(BackwardNonFinite, RowsThatSeeNoKeyGetZeroGradients) {
+  const BackwardShape s{1, 50, 20, 2, 2, 16, 16};  // bottom-right causal: rows 0..29 see no key
+  BackwardProblem<float> p(s, 22);
+  BackwardOptions opts;
+  opts.causal = true;
+  p.forward(opts);
+  p.backward(opts);
+  for (index_t i = 0; i < 30; ++i)
+    for (index_t h = 0; h < 2; ++h)
+      for (index_t c = 0; c < 16; ++c) ASSERT_EQ(p.dqv(0, i, h, c), 0.0f);
+  EXPECT_NE(p.dqv(0, 31, 0, 0), 0.0f);  // row 30 sees one key: its softmax has no gradient
+}
+
+TEST(BackwardAutograd, AttentionObjectMatchesTheDirectCalls) {
+  const BackwardShape s{2, 33, 47, 4, 2, 16, 16};
+  BackwardProblem<float> direct(s, 23), object(s, 23);
+  BackwardOptions opts;
+  opts.causal = true;
+  opts.softcap = 3.0f;
+  direct.forward(opts);
+  direct.backward(opts);
+  Attention<float> attn(opts);
+  EXPECT_THROW(attn.backward(object.dov, object.dqv, object.dkv, object.dvv), invalid_argument);
+  attn.forward(object.qv, object.kv, object.vv, object.ov);
+  attn.backward(object.dov, object.dqv, object.dkv, object.dvv);
+  EXPECT_TRUE(object.o == direct.o);
+  for (index_t h = 0; h < s.heads; ++h)
+    for (index_t i = 0; i < s.seqlen_q; ++i) EXPECT_EQ(attn.lse()(1, h, i), direct.lse_view()(1, h, i));
+  EXPECT_TRUE(object.dq == direct.dq && object.dk == direct.dk && object.dv == direct.dv);
 }
 
 }  // namespace
