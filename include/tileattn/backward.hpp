@@ -37,7 +37,8 @@ namespace detail {
 
 template <class T>
 BackwardShape backward_shape(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k) {
-  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.batch() * p.heads_kv(), p.softcap > 0};
+  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.batch() * p.heads_kv(), p.softcap > 0,
+          kernels::tile_operands_v<kernels::tile_operand_t<T>>};
 }
 
 template <class T>

@@ -104,8 +104,9 @@ void check_case(const Case& c, Layout layout, std::uint64_t seed) {
     const double rounding = std::is_same_v<T, float> ? 0.0 : unit_roundoff<T>() * e.magnitude;
     const double bound = 3.0 * std::max(n.max_error, rounding) + 2e-4 * e.magnitude;
     EXPECT_LE(e.max_error, bound) << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
       EXPECT_LE(e.max_error, 2e-5 * std::max(e.magnitude, 1e-3)) << name << ", magnitude " << e.magnitude;
+    }
     EXPECT_GT(e.magnitude, 0.0) << name << " is all zeros: the check cannot fail";
   };
   check(p.grad_q(), ref.dq, naive.dq, "dq");

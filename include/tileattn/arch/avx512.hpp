@@ -519,6 +519,18 @@ inline void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t 
   }
 }
 
+/// dst (ceil(n / 2) pairs) = x[0..n) rounded to bf16, in order, an odd n padded with a zero:
+/// the backward's P^T, dS^T and dS as A operands of bf16 products.
+inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) {
+  using detail::lanes;
+  auto* out = reinterpret_cast<bf16*>(dst);
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
+    _mm256_mask_storeu_epi16(out + j, m, detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, x + j)));
+  }
+  if (n % 2) out[n] = bf16{};
+}
+
 /// True when no value of the n pairs is Inf or NaN (bf16 exponent bits all ones).
 inline bool all_finite(const bf16x2* x, index_t n) {
   using detail::lanes;
@@ -536,14 +548,11 @@ inline bool all_finite(const bf16x2* x, index_t n) {
 
 using generic::from_float;
 using generic::interleave_pairs;
+using generic::round_to_pairs;
 using generic::to_float;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
 
 #endif  // __AVX512BW__ && __AVX512VL__
-
-// P is rounded to bf16 pairs inside exp2_shift_sum_rows; the stand-alone rounding is
-// generic's (the interface every arch has; the fallback exp paths use it).
-using generic::round_to_pairs;
 
 #if !defined(__AVX512BF16__)
 /// Without AVX-512 BF16 the kernels never multiply bf16 pairs; this keeps the interface whole.

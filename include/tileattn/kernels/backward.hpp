@@ -17,6 +17,7 @@
 #include <cmath>
 #include <numbers>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "tileattn/backend/parallel_for.hpp"
@@ -29,43 +30,70 @@
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
+#include "tileattn/ops/operand_layout.hpp"
 #include "tileattn/ops/score_mods.hpp"
 #include "tileattn/ops/softmax_grad.hpp"
 
 namespace tileattn::kernels {
 
 /// Everything one backward work item keeps in SRAM. Footprint: backward_working_set_bytes.
+/// Op is float or bf16x2 (tile_operand_t); S, dP, dS and the dK, dV accumulators are float.
+/// A float tile serves as every operand; with bf16 pairs, tiles summed over their rows in a
+/// product are held a second time with pairs of rows (k_rows, q_rows, dout_rows), and P^T,
+/// dS^T and dS are rounded to pairs before their products, as on GPUs (ops/operand_layout.hpp).
+template <class Op>
 struct BackwardTiles {
-  Tile<float> k;       // (Bc, d) keys: the B operand of dQ += dS K
-  Tile<float> k_t;     // (d, Bc) keys, transposed: S = Q K^T
-  Tile<float> v_t;     // (dv, Bc) values, transposed: dP = dO V^T
+  static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
+  Tile<Op> k;          // (Bc, d) keys
+  Tile<Op> k_t;        // (d, Bc) keys, transposed: S = Q K^T
+  Tile<Op> k_rows;     // (Bc, d) keys, pairs of rows: dQ += dS K (pairs only)
+  Tile<Op> v;          // (Bc, dv) values: staging for v_t (pairs only)
+  Tile<Op> v_t;        // (dv, Bc) values, transposed: dP = dO V^T
   Tile<float> dk, dv;  // (Bc, d), (Bc, dv) accumulators
-  Tile<float> q;       // (Br, d)
-  Tile<float> dout;    // (Br, dv)
+  Tile<Op> q, q_rows;        // (Br, d): S = Q K^T; pairs of rows: dK += dS^T Q (pairs only)
+  Tile<Op> dout, dout_rows;  // (Br, dv): dP = dO V^T; pairs of rows: dV += P^T dO (pairs only)
   Tile<float> s;       // (Br, Bc) scores, then P
   Tile<float> ds;      // (Br, Bc) dP, then dS
   Tile<float> t;       // (Bc, Br) P^T, then dS^T
+  Tile<Op> t_op;       // (Bc, Br) P^T or dS^T as an operand (pairs only)
+  Tile<Op> ds_op;      // (Br, Bc) dS as an operand (pairs only)
   Tile<float> slope;   // (Br, Bc) the softcap's derivative (softcap only)
   TileVector<float> lse2, delta;  // (Br) LSE in log2 units, D
 
   static BackwardTiles carve(ScratchArena& arena, const BackwardPlan& plan, index_t d, index_t dv, bool softcap) {
     const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
+    const auto cols = [](index_t n) { return operand_cols<Op>(n); };
     BackwardTiles t;
-    t.k = Tile<float>::carve(arena, bc, d);
-    t.k_t = Tile<float>::carve(arena, d, bc);
-    t.v_t = Tile<float>::carve(arena, dv, bc);
     t.dk = Tile<float>::carve(arena, bc, d);
     t.dv = Tile<float>::carve(arena, bc, dv);
-    t.q = Tile<float>::carve(arena, br, d);
-    t.dout = Tile<float>::carve(arena, br, dv);
     t.s = Tile<float>::carve(arena, br, bc);
     t.ds = Tile<float>::carve(arena, br, bc);
     t.t = Tile<float>::carve(arena, bc, br);
     if (softcap) t.slope = Tile<float>::carve(arena, br, bc);
     t.lse2 = TileVector<float>::carve(arena, br);
     t.delta = TileVector<float>::carve(arena, br);
+    t.k = Tile<Op>::carve(arena, bc, cols(d));
+    t.k_t = Tile<Op>::carve(arena, cols(d), bc);
+    if constexpr (pairs) {
+      t.k_rows = Tile<Op>::carve(arena, cols(bc), d);
+      t.v = Tile<Op>::carve(arena, bc, cols(dv));
+    }
+    t.v_t = Tile<Op>::carve(arena, cols(dv), bc);
+    t.q = Tile<Op>::carve(arena, br, cols(d));
+    t.dout = Tile<Op>::carve(arena, br, cols(dv));
+    if constexpr (pairs) {
+      t.q_rows = Tile<Op>::carve(arena, cols(br), d);
+      t.dout_rows = Tile<Op>::carve(arena, cols(br), dv);
+      t.t_op = Tile<Op>::carve(arena, bc, cols(br));
+      t.ds_op = Tile<Op>::carve(arena, br, cols(bc));
+    }
     return t;
   }
+
+  /// The B operands of the products summed over rows: the tile itself, or its paired rows.
+  const Tile<Op>& keys_as_rows() const { return pairs ? k_rows : k; }
+  const Tile<Op>& queries_as_rows() const { return pairs ? q_rows : q; }
+  const Tile<Op>& dout_as_rows() const { return pairs ? dout_rows : dout; }
 };
 
 /// The backward's main-memory state besides the user's tensors: the fp32 dQ accumulator
@@ -128,11 +156,19 @@ void accumulate_bias_grad(const BackwardParams<T>& p, const KeyBlock& blk, index
   io.written(bytes);
 }
 
+/// c += a b, through the sparse-safe product when b holds an Inf or a NaN (a masked P or dS
+/// is an exact zero that must not meet it).
+template <class TileA, class TileB>
+void accumulate(Tile<float>& c, const TileA& a, const TileB& b) {
+  if (ops::all_finite(b)) ops::matmul_accumulate(c, a, b);
+  else ops::matmul_accumulate_nonzero(c, a, b);
+}
+
 /// One query tile's step against the resident key tile: rows [r0, r0 + n) of `head`.
-template <class T, class Io>
+template <class T, class Op, class Io>
 void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, const KeyBlock& blk,
                    BackwardState& st, index_t head, index_t tile, index_t r0, index_t n,
-                   bool keys_finite, BackwardTiles& t, Io& io) {
+                   BackwardTiles<Op>& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
   const auto rows_of = [&](const auto& view) {
@@ -140,6 +176,10 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
   };
   load_rows(t.q, rows_of(p.q), r0, n, io);                                        // (n, d)
   load_rows(t.dout, rows_of(p.dout), r0, n, io);                                  // (n, dv)
+  if constexpr (BackwardTiles<Op>::pairs) {
+    ops::pair_rows(t.q_rows, t.q, p.head_dim());
+    ops::pair_rows(t.dout_rows, t.dout, p.head_dim_v());
+  }
   load_vector(p.saved_lse, seq.view_batch, head, seq.q_start + r0, n, log2e, t.lse2.data(), io);
   load_vector(st.delta_view, seq.view_batch, head, seq.q_start + r0, n, 1.0f, t.delta.data(), io);
 
@@ -153,18 +193,16 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
   if (slope) ops::multiply(t.ds, *slope);                                         // through tanh
 
   ops::transpose(t.t, t.s);                                                       // P^T (Bc, n)
-  if (ops::all_finite(t.dout)) ops::matmul_accumulate(t.dv, t.t, t.dout);         // dV += P^T dO
-  else ops::matmul_accumulate_nonzero(t.dv, t.t, t.dout);
+  accumulate(t.dv, ops::as_operand(t.t, t.t_op), t.dout_as_rows());               // dV += P^T dO
   ops::transpose(t.t, t.ds);                                                      // dS^T
-  if (ops::all_finite(t.q)) ops::matmul_accumulate(t.dk, t.t, t.q);               // dK += dS^T Q
-  else ops::matmul_accumulate_nonzero(t.dk, t.t, t.q);
+  accumulate(t.dk, ops::as_operand(t.t, t.t_op), t.queries_as_rows());            // dK += dS^T Q
 
   // dQ_acc += dS K, after the key tiles before this one (ascending order: deterministic).
+  const Tile<Op>& ds = ops::as_operand(t.ds, t.ds_op);
   Tile<float> acc = Tile<float>::wrap(&st.dq_acc_view(seq.view_batch, seq.q_start + r0, head, 0), n, p.head_dim(),
                                       st.dq_acc_view.stride[1]);
   st.turns.wait(blk.sequence, tile, head, blk.key_tile);
-  if (keys_finite) ops::matmul_accumulate(acc, t.ds, t.k);
-  else ops::matmul_accumulate_nonzero(acc, t.ds, t.k);
+  accumulate(acc, ds, t.keys_as_rows());
   st.turns.pass(blk.sequence, tile, head, blk.key_tile);
   const auto acc_bytes = static_cast<std::uint64_t>(n * p.head_dim()) * sizeof(float);
   io.read(acc_bytes);
@@ -172,9 +210,9 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
 }
 
 /// Pass 2 for one work item: dK and dV of one key tile, summed over the group's query heads.
-template <class T, class Io>
+template <class T, class Op, class Io>
 void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, const KeyBlock& blk,
-                        BackwardState& st, BackwardTiles& t, Io& io) {
+                        BackwardState& st, BackwardTiles<Op>& t, Io& io) {
   const SequenceRange& seq = blk.range;
   const ops::ScoreModifiers mods(p, blk.sequence, seq);
   const auto keys_of = [&](const auto& view) {
@@ -182,8 +220,13 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, co
   };
   load_rows(t.k, keys_of(p.k), blk.col0, blk.cols, io);                           // (Bc, d)
   ops::transpose(t.k_t, t.k);                                                     // (d, Bc)
-  load_rows_transposed(t.v_t, keys_of(p.v), blk.col0, blk.cols, io);             // (dv, Bc)
-  const bool keys_finite = ops::all_finite(t.k);
+  if constexpr (BackwardTiles<Op>::pairs) {
+    ops::pair_rows(t.k_rows, t.k, p.head_dim());                                  // (Bc / 2, d) pairs
+    load_rows(t.v, keys_of(p.v), blk.col0, blk.cols, io);                         // (Bc, dv)
+    ops::transpose(t.v_t, t.v);                                                   // (dv / 2, Bc) pairs
+  } else {
+    load_rows_transposed(t.v_t, keys_of(p.v), blk.col0, blk.cols, io);           // (dv, Bc)
+  }
   t.dk.set_extent(blk.cols, p.head_dim());
   t.dv.set_extent(blk.cols, p.head_dim_v());
   ops::fill(t.dk, 0.0f);
@@ -195,7 +238,7 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, co
     const index_t head = blk.kv_head * p.group_size() + g;                        // dK, dV sum in one
     for (index_t tile = lo / br; tile * br < hi; ++tile) {                        // order for any tiling
       const auto [r0, r1] = visited_rows(lo, hi, tile, br);
-      backward_step(p, mods, blk, st, head, tile, r0, r1 - r0, keys_finite, t, io);
+      backward_step(p, mods, blk, st, head, tile, r0, r1 - r0, t, io);
     }
   }
   ops::scale(t.dk, p.softmax_scale);
@@ -270,8 +313,8 @@ IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, cons
                                   per_kv_head ? kp : 0, per_kv_head ? kp + 1 : p.heads_kv());
       parallel_for_in_order(exec, work.size(), [&](index_t item, int worker) {
         try {
-          auto t = BackwardTiles::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(),
-                                        p.head_dim_v(), p.softcap > 0);
+          auto t = BackwardTiles<tile_operand_t<T>>::carve(worker_scratch(plan.working_set_bytes), plan,
+                                                           p.head_dim(), p.head_dim_v(), p.softcap > 0);
           backward_key_block(p, plan, work[item], st, t, io[static_cast<std::size_t>(worker)]);
         } catch (...) {
           st.turns.abort();

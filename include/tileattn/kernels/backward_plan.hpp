@@ -19,6 +19,7 @@
 
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/kernels/tile_plan.hpp"
 
 namespace tileattn {
 
@@ -42,23 +43,37 @@ struct BackwardShape {
   index_t seqlen_k = 0;
   index_t kv_streams = 1;  // independent (sequence, K/V head) pairs: batch x heads_kv
   bool softcap = false;    // the softcap's slope takes a tile of its own
+  TileOperands operands = TileOperands::fp32;
 
   index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
 };
 
-/// Bytes the backward kernel carves for br query rows and bc keys: resident K (bc x d),
-/// K^T (d x bc), V^T (dv x bc), dK (bc x d), dV (bc x dv); streamed Q (br x d), dO (br x dv),
-/// S/P and dP/dS (br x bc each), their transpose (bc x br), the softcap's slope (br x bc,
-/// only with softcap) and two per-row vectors (LSE, D).
+/// Bytes the backward kernel carves for br query rows and bc keys (kernels/backward.hpp,
+/// BackwardTiles): resident K (bc x d), K^T (d x bc), V^T (dv x bc) and the dK, dV
+/// accumulators (bc x d, bc x dv); streamed Q (br x d), dO (br x dv), S/P and dP/dS
+/// (br x bc each), their transpose (bc x br), the softcap's slope (br x bc, only with
+/// softcap) and two per-row vectors (LSE, D). With bf16 pair operands, K, Q and dO are held
+/// twice (pairs along their columns for one product, pairs of rows for another), V once
+/// more as rows, and P^T / dS^T and dS once more as pairs, each in 2 bytes per value.
 /// The preprocessing (O and dO tiles of br rows, and D) and the epilogue (a dQ tile) carve
 /// from the same scratch, so the working set covers them too.
 constexpr std::size_t backward_working_set_bytes(index_t br, index_t bc, index_t d, index_t dv,
-                                                 bool softcap = false) {
+                                                 bool softcap = false,
+                                                 TileOperands operands = TileOperands::fp32) {
   using F = Tile<float>;
-  const std::size_t main = 2 * F::footprint(bc, d) + F::footprint(d, bc) + F::footprint(dv, bc) +
-                           F::footprint(bc, dv) + F::footprint(br, d) + F::footprint(br, dv) +
-                           (softcap ? 3 : 2) * F::footprint(br, bc) + F::footprint(bc, br) +
-                           2 * TileVector<float>::footprint(br);
+  using P = Tile<bf16x2>;
+  const auto half = [](index_t n) { return (n + 1) / 2; };
+  std::size_t main = F::footprint(bc, d) + F::footprint(bc, dv) + (softcap ? 3 : 2) * F::footprint(br, bc) +
+                     F::footprint(bc, br) + 2 * TileVector<float>::footprint(br);  // dK, dV, S, dS, (slope), T
+  if (operands == TileOperands::bf16_pairs) {
+    main += P::footprint(bc, half(d)) + P::footprint(half(d), bc) + P::footprint(half(bc), d) +     // K, K^T, K rows
+            P::footprint(bc, half(dv)) + P::footprint(half(dv), bc) +                               // V, V^T
+            P::footprint(br, half(d)) + P::footprint(half(br), d) + P::footprint(br, half(dv)) +    // Q, Q rows, dO
+            P::footprint(half(br), dv) + P::footprint(bc, half(br)) + P::footprint(br, half(bc));   // dO rows, T, dS
+  } else {
+    main += F::footprint(bc, d) + F::footprint(d, bc) + F::footprint(dv, bc) + F::footprint(br, d) +
+            F::footprint(br, dv);  // K, K^T, V^T, Q, dO
+  }
   const std::size_t preprocess = 2 * F::footprint(br, dv) + TileVector<float>::footprint(br);
   return main > preprocess ? main : preprocess;
 }
@@ -77,7 +92,7 @@ inline BackwardPlan plan_backward_tiles(const BackwardShape& shape, std::size_t 
   const index_t d = shape.head_dim, dv = shape.value_dim();
   const index_t nq = std::max<index_t>(shape.seqlen_q, 1), nk = std::max<index_t>(shape.seqlen_k, 1);
   const auto fits = [&](index_t br, index_t bc) {
-    return backward_working_set_bytes(br, bc, d, dv, shape.softcap) <= budget;
+    return backward_working_set_bytes(br, bc, d, dv, shape.softcap, shape.operands) <= budget;
   };
   index_t br = std::min(backward_query_tile, nq);
   index_t bc = std::min(backward_max_key_tile, nk);
@@ -90,12 +105,12 @@ inline BackwardPlan plan_backward_tiles(const BackwardShape& shape, std::size_t 
   if (!fits(br, bc))
     throw budget_error("sram_budget_bytes",
                        std::to_string(budget) + " bytes cannot hold the backward's 1 x 1 tiles at head_dim " +
-                           std::to_string(d) + " (" + std::to_string(backward_working_set_bytes(1, 1, d, dv, shape.softcap)) +
+                           std::to_string(d) + " (" + std::to_string(backward_working_set_bytes(1, 1, d, dv, shape.softcap, shape.operands)) +
                            " bytes needed)");
   const index_t wanted = backward_items_per_worker * std::max(workers, 1);
   const index_t streams = std::max<index_t>(shape.kv_streams, 1);
   while (workers > 1 && bc > backward_min_split_keys && streams * ((nk + bc - 1) / bc) < wanted) bc /= 2;
-  return {br, bc, budget, backward_working_set_bytes(br, bc, d, dv, shape.softcap)};
+  return {br, bc, budget, backward_working_set_bytes(br, bc, d, dv, shape.softcap, shape.operands)};
 }
 
 }  // namespace tileattn

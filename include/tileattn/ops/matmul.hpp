@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "tileattn/arch/native.hpp"
+#include "tileattn/core/half_types.hpp"
 #include "tileattn/core/tile.hpp"
 
 namespace tileattn::ops {
@@ -41,6 +42,24 @@ void matmul_accumulate_nonzero(TileC& c, const TileA& a, const TileB& b) {
       if (aip == 0.0f) continue;
       const float* bp = b.row(p);
       for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(aip, bp[j], ci[j]);
+    }
+  }
+}
+
+/// The same over bf16 pairs, each pair's high half first as the dot-product micro-kernels
+/// add them; a zero half is skipped.
+template <class TileC>
+void matmul_accumulate_nonzero(TileC& c, const Tile<bf16x2>& a, const Tile<bf16x2>& b) {
+  assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
+  for (index_t i = 0; i < a.rows(); ++i) {
+    float* ci = c.row(i);
+    for (index_t p = 0; p < a.cols(); ++p) {
+      const float hi = to_float(a(i, p).hi), lo = to_float(a(i, p).lo);
+      const bf16x2* bp = b.row(p);
+      if (hi != 0.0f)
+        for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(hi, to_float(bp[j].hi), ci[j]);
+      if (lo != 0.0f)
+        for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(lo, to_float(bp[j].lo), ci[j]);
     }
   }
 }

@@ -1,0 +1,59 @@
+// tileattn/ops/operand_layout.hpp: SRAM-to-SRAM changes of an operand tile's layout, for
+// kernels whose products need one tile in several roles (the backward uses Q, dO and K
+// both as A operands, pairs along their columns, and as B operands summed over their
+// rows, pairs of rows; and P, dS, transposed or not, as A operands of bf16 products).
+//
+// A float tile serves every role as it is. A bf16 pair tile (bf16x2, core/half_types.hpp)
+// is an A operand with pairs along the columns (tile_io's load_rows), and a B operand of a
+// product summed over its rows with pairs of rows interleaved (load_rows_pairwise).
+// These move no HBM data: nothing is counted.
+#pragma once
+
+#include <cassert>
+#include <type_traits>
+
+#include "tileattn/arch/native.hpp"
+#include "tileattn/core/half_types.hpp"
+#include "tileattn/core/tile.hpp"
+
+namespace tileattn::ops {
+
+/// dst (rows x ceil(cols / 2) pairs) = src rounded to bf16, pairs along the columns (an odd
+/// last column paired with a zero): a float result (P, dS) as an A operand.
+inline void round_to_pairs(Tile<bf16x2>& dst, const Tile<float>& src) {
+  dst.set_extent(src.rows(), (src.cols() + 1) / 2);
+  for (index_t r = 0; r < src.rows(); ++r) arch::native::round_to_pairs(src.row(r), dst.row(r), src.cols());
+}
+
+/// dst (ceil(rows / 2) x values) = the rows of an A-layout pair tile src (rows x
+/// ceil(values / 2) pairs, `values` bf16 per row) interleaved two by two: row q holds
+/// (src[2q][c], src[2q + 1][c]) for every value c, an odd last row paired with zeros.
+inline void pair_rows(Tile<bf16x2>& dst, const Tile<bf16x2>& src, index_t values) {
+  dst.set_extent((src.rows() + 1) / 2, values);
+  for (index_t q = 0; 2 * q < src.rows(); ++q) {
+    const auto* a = reinterpret_cast<const bf16*>(src.row(2 * q));
+    const auto* b = 2 * q + 1 < src.rows() ? reinterpret_cast<const bf16*>(src.row(2 * q + 1)) : nullptr;
+    arch::native::interleave_pairs(a, b, dst.row(q), values);
+  }
+}
+
+/// dst = src^T for a pair tile: pairs move as 32-bit lanes, so an A-layout tile of K rows
+/// (keys x pairs along d) becomes K^T with pairs along d (the B operand of Q K^T).
+inline void transpose(Tile<bf16x2>& dst, const Tile<bf16x2>& src) {
+  dst.set_extent(src.cols(), src.rows());
+  arch::native::transpose(src.rows(), src.cols(), reinterpret_cast<const float*>(src.data()), src.ld(),
+                          reinterpret_cast<float*>(dst.data()), dst.ld());
+}
+
+/// The operand of Op type that holds float tile `f`: f itself, or f rounded to pairs in `scratch`.
+template <class Op>
+const Tile<Op>& as_operand(const Tile<float>& f, Tile<Op>& scratch) {
+  if constexpr (std::is_same_v<Op, float>) {
+    return f;
+  } else {
+    round_to_pairs(scratch, f);
+    return scratch;
+  }
+}
+
+}  // namespace tileattn::ops
