@@ -41,14 +41,15 @@ run_tsan() {
     -DCMAKE_CXX_FLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=thread"
   local targets=(backend_parallel_for_test backend_tsan_canary variants_combinations_test
                  variants_nonfinite_test kernels_forward_test variants_gqa_test variants_varlen_test
-                 kernels_forward_precision_test variants_nonfinite_storage_test)
+                 kernels_forward_precision_test variants_nonfinite_storage_test
+                 kernels_backward_determinism_test kernels_backward_test)
   cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
   OMP_TOOL_LIBRARIES="$llvm_lib/libarcher.so" \
   TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 suppressions=$repo_root/tests/tsan.supp" \
   TILEATTN_DETERMINISM_REPEATS=20 \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" \
-      -R "^(backend_parallel_for_test|backend_tsan_canary|variants_combinations_test|variants_nonfinite_test|kernels_forward_test|variants_gqa_test|variants_varlen_test|kernels_forward_precision_test|variants_nonfinite_storage_test):" \
-      -E "SmallShapes|LongShapes|EveryCombination"
+      -R "^(backend_parallel_for_test|backend_tsan_canary|variants_combinations_test|variants_nonfinite_test|kernels_forward_test|variants_gqa_test|variants_varlen_test|kernels_forward_precision_test|variants_nonfinite_storage_test|kernels_backward_determinism_test|kernels_backward_test):" \
+      -E "SmallShapes|LongShapes|EveryCombination|BackwardLarge"
 }
 
 run_fuzz() {
