@@ -159,8 +159,8 @@ void accumulate_bias_grad(const BackwardParams<T>& p, const KeyBlock& blk, index
 /// c += a b, through the sparse-safe product when b holds an Inf or a NaN (a masked P or dS
 /// is an exact zero that must not meet it).
 template <class TileA, class TileB>
-void accumulate(Tile<float>& c, const TileA& a, const TileB& b) {
-  if (ops::all_finite(b)) ops::matmul_accumulate(c, a, b);
+void accumulate(Tile<float>& c, const TileA& a, const TileB& b, bool b_finite) {
+  if (b_finite) ops::matmul_accumulate(c, a, b);
   else ops::matmul_accumulate_nonzero(c, a, b);
 }
 
@@ -168,7 +168,7 @@ void accumulate(Tile<float>& c, const TileA& a, const TileB& b) {
 template <class T, class Op, class Io>
 void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, const KeyBlock& blk,
                    BackwardState& st, index_t head, index_t tile, index_t r0, index_t n,
-                   BackwardTiles<Op>& t, Io& io) {
+                   bool keys_finite, BackwardTiles<Op>& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
   const auto rows_of = [&](const auto& view) {
@@ -193,16 +193,16 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
   if (slope) ops::multiply(t.ds, *slope);                                         // through tanh
 
   ops::transpose(t.t, t.s);                                                       // P^T (Bc, n)
-  accumulate(t.dv, ops::as_operand(t.t, t.t_op), t.dout_as_rows());               // dV += P^T dO
+  accumulate(t.dv, ops::as_operand(t.t, t.t_op), t.dout_as_rows(), ops::all_finite(t.dout));  // dV += P^T dO
   ops::transpose(t.t, t.ds);                                                      // dS^T
-  accumulate(t.dk, ops::as_operand(t.t, t.t_op), t.queries_as_rows());            // dK += dS^T Q
+  accumulate(t.dk, ops::as_operand(t.t, t.t_op), t.queries_as_rows(), ops::all_finite(t.q));  // dK += dS^T Q
 
   // dQ_acc += dS K, after the key tiles before this one (ascending order: deterministic).
   const Tile<Op>& ds = ops::as_operand(t.ds, t.ds_op);
   Tile<float> acc = Tile<float>::wrap(&st.dq_acc_view(seq.view_batch, seq.q_start + r0, head, 0), n, p.head_dim(),
                                       st.dq_acc_view.stride[1]);
   st.turns.wait(blk.sequence, tile, head, blk.key_tile);
-  accumulate(acc, ds, t.keys_as_rows());
+  accumulate(acc, ds, t.keys_as_rows(), keys_finite);
   st.turns.pass(blk.sequence, tile, head, blk.key_tile);
   const auto acc_bytes = static_cast<std::uint64_t>(n * p.head_dim()) * sizeof(float);
   io.read(acc_bytes);
@@ -227,6 +227,7 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, co
   } else {
     load_rows_transposed(t.v_t, keys_of(p.v), blk.col0, blk.cols, io);           // (dv, Bc)
   }
+  const bool keys_finite = ops::all_finite(t.k);
   t.dk.set_extent(blk.cols, p.head_dim());
   t.dv.set_extent(blk.cols, p.head_dim_v());
   ops::fill(t.dk, 0.0f);
@@ -238,7 +239,7 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, co
     const index_t head = blk.kv_head * p.group_size() + g;                        // dK, dV sum in one
     for (index_t tile = lo / br; tile * br < hi; ++tile) {                        // order for any tiling
       const auto [r0, r1] = visited_rows(lo, hi, tile, br);
-      backward_step(p, mods, blk, st, head, tile, r0, r1 - r0, t, io);
+      backward_step(p, mods, blk, st, head, tile, r0, r1 - r0, keys_finite, t, io);
     }
   }
   ops::scale(t.dk, p.softmax_scale);
