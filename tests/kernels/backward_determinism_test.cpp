@@ -43,7 +43,7 @@ Outputs<T> run(BackwardProblem<T>& p, BackwardOptions opts, std::vector<float>& 
 }
 
 template <class T>
-void check_deterministic(BackwardShape s, bool causal) {
+void check_deterministic(ProblemShape s, bool causal) {
   BackwardProblem<T> p(s, 5);
   std::vector<float> sinks(static_cast<std::size_t>(s.heads), 0.3f);
   std::vector<float> bias(static_cast<std::size_t>(s.heads * s.seqlen_q * s.seqlen_k));

@@ -12,7 +12,7 @@ namespace tileattn::test {
 namespace {
 
 /// The formula, with the rows each key tile's item visits counted from the mask directly.
-IoCounts expected_io(const BackwardShape& s, const BackwardPlan& plan, bool causal, std::size_t elt) {
+IoCounts expected_io(const ProblemShape& s, const BackwardPlan& plan, bool causal, std::size_t elt) {
   const auto u = [](index_t x) { return static_cast<std::uint64_t>(x); };
   const index_t offset = s.seqlen_k - s.seqlen_q, br = plan.query_tile_rows, bc = plan.key_tile_rows;
   IoCounts io;
@@ -36,7 +36,7 @@ IoCounts expected_io(const BackwardShape& s, const BackwardPlan& plan, bool caus
 }
 
 template <class T>
-void check_io(BackwardShape s, bool causal, std::size_t budget) {
+void check_io(ProblemShape s, bool causal, std::size_t budget) {
   SCOPED_TRACE(std::string(type_name<T>()) + (causal ? " causal" : "") + ", budget " + std::to_string(budget));
   BackwardProblem<T> p(s, 3);
   BackwardOptions opts;
@@ -63,7 +63,7 @@ TEST(BackwardIo, MatchesTheFormula) {
 
 TEST(BackwardIo, KeyTrafficFallsWithLargerKeyTiles) {
   // Q, dO and the dQ accumulator move once per key tile: a larger budget (larger Bc) moves less.
-  const BackwardShape s{1, 512, 512, 2, 2, 64, 64};
+  const ProblemShape s{1, 512, 512, 2, 2, 64, 64};
   BackwardProblem<float> p(s, 4);
   BackwardOptions opts;
   p.forward(opts);

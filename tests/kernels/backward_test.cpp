@@ -27,11 +27,11 @@ struct Extras {
 
 struct Case {
   std::string name;
-  BackwardShape shape;
-  std::function<void(BackwardOptions&, Extras&, const BackwardShape&)> setup;
+  ProblemShape shape;
+  std::function<void(BackwardOptions&, Extras&, const ProblemShape&)> setup;
 };
 
-void none(BackwardOptions&, Extras&, const BackwardShape&) {}
+void none(BackwardOptions&, Extras&, const ProblemShape&) {}
 
 std::vector<float> normal_values(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);
@@ -42,7 +42,7 @@ std::vector<float> normal_values(std::size_t n, std::uint64_t seed, float scale 
 }
 
 /// A bias of shape [bb, hb, Nq, Nk] and its gradient buffer.
-void add_bias(BackwardOptions& o, Extras& x, const BackwardShape& s, index_t bb, index_t hb) {
+void add_bias(BackwardOptions& o, Extras& x, const ProblemShape& s, index_t bb, index_t hb) {
   const index_t n = bb * hb * s.seqlen_q * s.seqlen_k;
   x.bias = normal_values(static_cast<std::size_t>(n), 91, 0.5f);
   x.dbias.assign(static_cast<std::size_t>(n), sentinel);
@@ -52,21 +52,21 @@ void add_bias(BackwardOptions& o, Extras& x, const BackwardShape& s, index_t bb,
   o.dbias = {x.dbias.data(), shape, stride};
 }
 
-void add_sinks(BackwardOptions& o, Extras& x, const BackwardShape& s) {
+void add_sinks(BackwardOptions& o, Extras& x, const ProblemShape& s) {
   x.sinks = normal_values(static_cast<std::size_t>(s.heads), 92);
   x.dsinks.assign(static_cast<std::size_t>(s.heads), sentinel);
   o.sinks = x.sinks;
   o.dsinks = x.dsinks;
 }
 
-void add_alibi(BackwardOptions& o, Extras& x, const BackwardShape& s, bool per_batch) {
+void add_alibi(BackwardOptions& o, Extras& x, const ProblemShape& s, bool per_batch) {
   const index_t n = (per_batch ? s.batch : 1) * s.heads;
   for (index_t i = 0; i < n; ++i) x.alibi.push_back(0.05f + 0.03f * static_cast<float>(i % 7));
   o.alibi_slopes = x.alibi;
 }
 
 /// A random mask with about 20% masked, and query row 0 fully masked.
-void add_mask(BackwardOptions& o, Extras& x, const BackwardShape& s) {
+void add_mask(BackwardOptions& o, Extras& x, const ProblemShape& s) {
   const index_t n = s.batch * s.heads * s.seqlen_q * s.seqlen_k;
   std::mt19937 rng(93);
   x.mask.resize(static_cast<std::size_t>(n));
@@ -231,7 +231,7 @@ TEST(BackwardVarlen, MatchesTheReferencePerSequence) {
 
 /// The gradients of p after setting q / v / dout elements to special values.
 TEST(BackwardNonFinite, ANanReachesWhatItsRowSeesAndNothingElse) {
-  const BackwardShape s{1, 40, 60, 2, 1, 16, 16};
+  const ProblemShape s{1, 40, 60, 2, 1, 16, 16};
   BackwardOptions opts;
   opts.causal = true;
   opts.alignment = MaskAlignment::top_left;  // keys 40.. are seen by no row
@@ -257,7 +257,7 @@ TEST(BackwardNonFinite, ANanReachesWhatItsRowSeesAndNothingElse) {
 }
 
 TEST(BackwardNonFinite, RowsThatSeeNoKeyGetZeroGradients) {
-  const BackwardShape s{1, 50, 20, 2, 2, 16, 16};  // bottom-right causal: rows 0..29 see no key
+  const ProblemShape s{1, 50, 20, 2, 2, 16, 16};  // bottom-right causal: rows 0..29 see no key
   BackwardProblem<float> p(s, 22);
   BackwardOptions opts;
   opts.causal = true;
@@ -270,7 +270,7 @@ TEST(BackwardNonFinite, RowsThatSeeNoKeyGetZeroGradients) {
 }
 
 TEST(BackwardAutograd, AttentionObjectMatchesTheDirectCalls) {
-  const BackwardShape s{2, 33, 47, 4, 2, 16, 16};
+  const ProblemShape s{2, 33, 47, 4, 2, 16, 16};
   BackwardProblem<float> direct(s, 23), object(s, 23);
   BackwardOptions opts;
   opts.causal = true;

@@ -17,7 +17,7 @@
 
 namespace tileattn::test {
 
-struct BackwardShape {
+struct ProblemShape {
   index_t batch = 1, seqlen_q = 0, seqlen_k = 0, heads = 1, heads_kv = 1, head_dim = 0, head_dim_v = 0;
 };
 
@@ -25,13 +25,13 @@ struct BackwardShape {
 /// as floats in the reference's contiguous layouts.
 template <class T>
 struct BackwardProblem {
-  BackwardShape s;
+  ProblemShape s;
   Layout layout;
   std::vector<T> q, k, v, o, dout, dq, dk, dv;  // buffers in `layout`
   TensorView<T> qv, kv, vv, ov, dov, dqv, dkv, dvv;
   std::vector<float> lse;
 
-  BackwardProblem(BackwardShape shape, std::uint64_t seed, Layout l = Layout::bshd) : s(shape), layout(l) {
+  BackwardProblem(ProblemShape shape, std::uint64_t seed, Layout l = Layout::bshd) : s(shape), layout(l) {
     make(q, qv, {s.batch, s.seqlen_q, s.heads, s.head_dim}, seed);
     make(k, kv, {s.batch, s.seqlen_k, s.heads_kv, s.head_dim}, seed + 1);
     make(v, vv, {s.batch, s.seqlen_k, s.heads_kv, s.head_dim_v}, seed + 2);
