@@ -71,6 +71,18 @@ class Tile {
     return t;
   }
 
+  /// Columns [first, first + count) of the current extent as a tile of their own (same rows
+  /// and row stride). Its rows start `first` elements past a cache line: for operands read
+  /// with unaligned loads (the backward narrows its resident key tiles to the keys a query
+  /// tile sees).
+  Tile slice_cols(index_t first, index_t count) const {
+    assert(first >= 0 && count >= 0 && first + count <= capacity_cols_);
+    Tile t = *this;
+    t.data_ = data_ + first;
+    t.cols_ = t.capacity_cols_ = count;
+    return t;
+  }
+
   index_t rows() const { return rows_; }
   index_t cols() const {
     if constexpr (Cols != dynamic_extent) return Cols;

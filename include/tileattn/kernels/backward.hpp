@@ -91,9 +91,20 @@ struct BackwardTiles {
   }
 
   /// The B operands of the products summed over rows: the tile itself, or its paired rows.
-  const Tile<Op>& keys_as_rows() const { return pairs ? k_rows : k; }
   const Tile<Op>& queries_as_rows() const { return pairs ? q_rows : q; }
   const Tile<Op>& dout_as_rows() const { return pairs ? dout_rows : dout; }
+
+  /// The resident key tiles narrowed to keys [k0, k0 + c) of the key tile (k0 even, so
+  /// that pairs of key rows stay whole): a query tile computes only the keys it sees.
+  struct KeySpan {
+    Tile<Op> k_t, v_t, k_rows;
+    Tile<float> dk, dv;
+  };
+  KeySpan keys(index_t k0, index_t c) const {
+    return {k_t.slice_cols(k0, c), v_t.slice_cols(k0, c),
+            pairs ? k_rows.slice_rows(k0 / 2, (c + 1) / 2) : k.slice_rows(k0, c), dk.slice_rows(k0, c),
+            dv.slice_rows(k0, c)};
+  }
 };
 
 /// The backward's main-memory state besides the user's tensors: the fp32 dQ accumulator
@@ -144,11 +155,11 @@ void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardPlan& pl
 /// kernel's phases run them.
 template <class T, class Io>
 void accumulate_bias_grad(const BackwardParams<T>& p, const KeyBlock& blk, index_t head, index_t r0,
-                          const Tile<float>& ds, Io& io) {
+                          index_t col0, const Tile<float>& ds, Io& io) {
   const StridedView<float, 4>& g = p.dbias;
   float* base = g.data + (g.shape[0] == 1 ? 0 : blk.sequence * g.stride[0]) + (g.shape[1] == 1 ? 0 : head * g.stride[1]);
   for (index_t r = 0; r < ds.rows(); ++r) {
-    float* row = base + (r0 + r) * g.stride[2] + blk.col0 * g.stride[3];
+    float* row = base + (r0 + r) * g.stride[2] + col0 * g.stride[3];
     for (index_t j = 0; j < ds.cols(); ++j) row[j * g.stride[3]] += ds(r, j);
   }
   const auto bytes = static_cast<std::uint64_t>(ds.rows() * ds.cols()) * sizeof(float);
@@ -164,7 +175,17 @@ void accumulate(Tile<float>& c, const TileA& a, const TileB& b, bool b_finite) {
   else ops::matmul_accumulate_nonzero(c, a, b);
 }
 
-/// One query tile's step against the resident key tile: rows [r0, r0 + n) of `head`.
+/// The keys [k0, k1) of a key tile [col0, col0 + cols) that query rows [r0, r0 + n) can
+/// see (first() and end() never decrease with the row), k0 rounded down and k1 up to even.
+inline std::pair<index_t, index_t> keys_seen(const ops::KeyWindow& w, index_t r0, index_t n, index_t col0,
+                                             index_t cols) {
+  const index_t k0 = std::clamp<index_t>(w.first(r0) - col0, 0, cols) / 2 * 2;
+  const index_t k1 = std::clamp<index_t>(w.end(r0 + n - 1) - col0, k0, cols);
+  return {k0, std::min(cols, (k1 + 1) / 2 * 2)};
+}
+
+/// One query tile's step against the resident key tile: rows [r0, r0 + n) of `head`, against
+/// the keys of the tile they can see.
 template <class T, class Op, class Io>
 void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, const KeyBlock& blk,
                    BackwardState& st, index_t head, index_t tile, index_t r0, index_t n,
@@ -182,27 +203,29 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
   }
   load_vector(p.saved_lse, seq.view_batch, head, seq.q_start + r0, n, log2e, t.lse2.data(), io);
   load_vector(st.delta_view, seq.view_batch, head, seq.q_start + r0, n, 1.0f, t.delta.data(), io);
+  const auto [k0, k1] = keys_seen(mods.window(), r0, n, blk.col0, blk.cols);
+  auto keys = t.keys(k0, k1 - k0);                                                // c = k1 - k0 keys
 
-  ops::matmul(t.s, t.q, t.k_t);                                                   // S (n, Bc)
+  ops::matmul(t.s, t.q, keys.k_t);                                                // S (n, c)
   Tile<float>* slope = p.softcap > 0 ? &t.slope : nullptr;
-  mods.apply(t.s, {head, 1, r0, n}, blk.col0, io, slope);
+  mods.apply(t.s, {head, 1, r0, n}, blk.col0 + k0, io, slope);
   ops::recompute_probabilities(t.s, t.lse2.data(), mods.to_log2());               // P
-  ops::matmul(t.ds, t.dout, t.v_t);                                               // dP
+  ops::matmul(t.ds, t.dout, keys.v_t);                                            // dP
   ops::softmax_grad(t.ds, t.s, t.delta.data());                                   // dS
-  if (p.dbias.data) accumulate_bias_grad(p, blk, head, r0, t.ds, io);
+  if (p.dbias.data) accumulate_bias_grad(p, blk, head, r0, blk.col0 + k0, t.ds, io);
   if (slope) ops::multiply(t.ds, *slope);                                         // through tanh
 
-  ops::transpose(t.t, t.s);                                                       // P^T (Bc, n)
-  accumulate(t.dv, ops::as_operand(t.t, t.t_op), t.dout_as_rows(), ops::all_finite(t.dout));  // dV += P^T dO
+  ops::transpose(t.t, t.s);                                                       // P^T (c, n)
+  accumulate(keys.dv, ops::as_operand(t.t, t.t_op), t.dout_as_rows(), ops::all_finite(t.dout));  // dV += P^T dO
   ops::transpose(t.t, t.ds);                                                      // dS^T
-  accumulate(t.dk, ops::as_operand(t.t, t.t_op), t.queries_as_rows(), ops::all_finite(t.q));  // dK += dS^T Q
+  accumulate(keys.dk, ops::as_operand(t.t, t.t_op), t.queries_as_rows(), ops::all_finite(t.q));  // dK += dS^T Q
 
   // dQ_acc += dS K, after the key tiles before this one (ascending order: deterministic).
   const Tile<Op>& ds = ops::as_operand(t.ds, t.ds_op);
   Tile<float> acc = Tile<float>::wrap(&st.dq_acc_view(seq.view_batch, seq.q_start + r0, head, 0), n, p.head_dim(),
                                       st.dq_acc_view.stride[1]);
   st.turns.wait(blk.sequence, tile, head, blk.key_tile);
-  accumulate(acc, ds, t.keys_as_rows(), keys_finite);
+  accumulate(acc, ds, keys.k_rows, keys_finite);
   st.turns.pass(blk.sequence, tile, head, blk.key_tile);
   const auto acc_bytes = static_cast<std::uint64_t>(n * p.head_dim()) * sizeof(float);
   io.read(acc_bytes);
