@@ -51,10 +51,13 @@ namespace {
     static void to_float(const fp16* src, float* dst, index_t n) { ns::to_float(src, dst, n); } \
     static void from_float(const float* src, bf16* dst, index_t n) { ns::from_float(src, dst, n); } \
     static void from_float(const float* src, fp16* dst, index_t n) { ns::from_float(src, dst, n); } \
-    template <bool Accumulate>                                                                 \
+    template <bool Accumulate, bool TransA = false>                                            \
     static void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,            \
                      const bf16x2* b, index_t ldb, float* c, index_t ldc) {                    \
-      ns::gemm<Accumulate>(m, n, k, a, lda, b, ldb, c, ldc);                                   \
+      ns::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);                           \
+    }                                                                                          \
+    static void interleave_rounded(const float* a, const float* b, bf16x2* dst, index_t n) {   \
+      ns::interleave_rounded(a, b, dst, n);                                                    \
     }                                                                                          \
     static void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t n) {       \
       ns::interleave_pairs(a, b, dst, n);                                                      \
@@ -487,6 +490,42 @@ void check_pair_gemm(const PairGemmCase& g, std::mt19937& rng, Values values = V
           << what << ": wrote padding at (" << i << ", " << j << ")";
   ASSERT_EQ(c.first_overwritten_guard(0, static_cast<std::ptrdiff_t>(c_size)), -1)
       << what << ": wrote outside C";
+}
+
+TYPED_TEST(HalfKernels, PairGemmWithTransposedAEqualsTheProductWithACopyBitwise) {
+  std::mt19937 rng(12);
+  for (const PairGemmCase g : {PairGemmCase{256, 128, 32, 0}, PairGemmCase{37, 50, 19, 3}, PairGemmCase{9, 16, 1, 1},
+                               PairGemmCase{130, 64, 33, 5}}) {
+    const index_t ld_t = g.m + g.pad, lda = g.k + g.pad, ldb = g.n + g.pad;
+    std::vector<bf16x2> a_t(static_cast<std::size_t>(g.k * ld_t)), a(static_cast<std::size_t>(g.m * lda));
+    std::vector<bf16x2> b(static_cast<std::size_t>(g.k * ldb));
+    for (auto& x : a_t) x = random_pair(rng, Values::moderate);
+    for (auto& x : b) x = random_pair(rng, Values::moderate);
+    for (index_t i = 0; i < g.m; ++i)
+      for (index_t p = 0; p < g.k; ++p) a[static_cast<std::size_t>(i * lda + p)] = a_t[static_cast<std::size_t>(p * ld_t + i)];
+    std::vector<float> c(static_cast<std::size_t>(g.m * ldb), 0.5f), c_copy = c;
+    TypeParam::template gemm<true, true>(g.m, g.n, g.k, a_t.data(), ld_t, b.data(), ldb, c.data(), ldb);
+    TypeParam::template gemm<true>(g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c_copy.data(), ldb);
+    for (std::size_t e = 0; e < c.size(); ++e) ASSERT_EQ(bits_of(c[e]), bits_of(c_copy[e])) << describe(g, true);
+  }
+}
+
+TYPED_TEST(HalfKernels, InterleaveRoundedMatchesScalarRounding) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (index_t n : {1, 15, 16, 17, 64, 100}) {
+    std::vector<float> a(static_cast<std::size_t>(n)), b(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = normal(rng), b[i] = normal(rng);
+    a[0] = 1.0f + 0x1p-8f;  // a tie: rounds to even
+    std::vector<bf16x2> got(a.size()), got_single(a.size());
+    TypeParam::interleave_rounded(a.data(), b.data(), got.data(), n);
+    TypeParam::interleave_rounded(a.data(), nullptr, got_single.data(), n);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(got[i].lo.bits, bf16(a[i]).bits) << n << " " << i;
+      ASSERT_EQ(got[i].hi.bits, bf16(b[i]).bits) << n << " " << i;
+      ASSERT_EQ(got_single[i].hi.bits, 0) << n << " " << i;
+    }
+  }
 }
 
 TYPED_TEST(HalfKernels, PairGemmMatchesGenericBitwiseOnAwkwardShapes) {

@@ -31,10 +31,10 @@ namespace {
 #define TILEATTN_ARCH_UNDER_TEST(Struct, ns)                                                   \
   struct Struct {                                                                              \
     static const char* name() { return ns::name; }                                            \
-    template <bool Accumulate>                                                                 \
+    template <bool Accumulate, bool TransA = false>                                            \
     static void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda,             \
                      const float* b, index_t ldb, float* c, index_t ldc) {                     \
-      ns::gemm<Accumulate>(m, n, k, a, lda, b, ldb, c, ldc);                                   \
+      ns::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);                           \
     }                                                                                          \
     static float row_max(const float* x, index_t n) { return ns::row_max(x, n); }              \
     static float exp2_shift_sum(float* x, index_t n, float scale, float shift) {               \
@@ -204,6 +204,27 @@ TYPED_TEST(MicroKernels, GemmWithUnalignedOddLeadingDimensions) {
                            GemmCase{8, 48, 2, 7}}) {
     check_gemm<TypeParam, false>(g, rng);
     check_gemm<TypeParam, true>(g, rng);
+  }
+}
+
+TYPED_TEST(MicroKernels, TransposedAEqualsTheProductWithATransposedCopyBitwise) {
+  // gemm<.., TransA> reads A (m x k) from its transpose (k x m): the backward's P^T dO and
+  // dS^T Q. It must run the same FMA chain as the product with an explicit copy of A.
+  std::mt19937 rng(11);
+  for (const GemmCase g : {GemmCase{256, 128, 64, 0}, GemmCase{37, 50, 19, 3}, GemmCase{9, 16, 1, 1},
+                           GemmCase{130, 64, 33, 5}, GemmCase{1, 97, 64, 2}}) {
+    const index_t ld_t = g.m + g.pad, lda = g.k + g.pad, ldb = g.n + g.pad;
+    std::vector<float> a_t(static_cast<std::size_t>(g.k * ld_t)), a(static_cast<std::size_t>(g.m * lda));
+    std::vector<float> b(static_cast<std::size_t>(g.k * ldb)), c(static_cast<std::size_t>(g.m * ldb));
+    for (float& x : a_t) x = nonzero_uniform(rng);
+    for (float& x : b) x = nonzero_uniform(rng);
+    for (index_t i = 0; i < g.m; ++i)
+      for (index_t p = 0; p < g.k; ++p) a[static_cast<std::size_t>(i * lda + p)] = a_t[static_cast<std::size_t>(p * ld_t + i)];
+    for (float& x : c) x = nonzero_uniform(rng);
+    std::vector<float> c_copy = c;
+    TypeParam::template gemm<true, true>(g.m, g.n, g.k, a_t.data(), ld_t, b.data(), ldb, c.data(), ldb);
+    TypeParam::template gemm<true>(g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c_copy.data(), ldb);
+    ASSERT_EQ(0, std::memcmp(c.data(), c_copy.data(), c.size() * sizeof(float))) << describe(g, true);
   }
 }
 

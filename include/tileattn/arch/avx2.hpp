@@ -61,7 +61,7 @@ inline float reduce_max(__m256 v) {
 
 /// C (Rows x Vectors*8, the last vector limited by `last` when Masked) (+)= A B over the
 /// whole K, unrolled at compile time into FMAs on registers.
-template <int Rows, int Vectors, bool Accumulate, bool Masked>
+template <int Rows, int Vectors, bool Accumulate, bool Masked, bool TransA>
 inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, index_t ldb,
                        float* c, index_t ldc, __m256i last) {
   __m256 acc[Rows][Vectors];
@@ -87,7 +87,7 @@ inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, i
                                            : _mm256_loadu_ps(bp + v * lanes);
 #pragma GCC unroll 8
     for (int r = 0; r < Rows; ++r) {
-      const __m256 ar = _mm256_broadcast_ss(a + r * lda + p);
+      const __m256 ar = _mm256_broadcast_ss(TransA ? a + p * lda + r : a + r * lda + p);
 #pragma GCC unroll 4
       for (int v = 0; v < Vectors; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
     }
@@ -105,29 +105,29 @@ inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, i
 }
 
 /// The last `rows_left` (< Rows) rows of a panel: one block instantiated for that count.
-template <int Rows, int Vectors, bool Accumulate, bool Masked>
+template <int Rows, int Vectors, bool Accumulate, bool Masked, bool TransA>
 inline void gemm_row_tail(index_t rows_left, index_t k, const float* a, index_t lda,
                           const float* b, index_t ldb, float* c, index_t ldc, __m256i last) {
   if constexpr (Rows > 0) {
     if (rows_left == Rows)
-      gemm_block<Rows, Vectors, Accumulate, Masked>(k, a, lda, b, ldb, c, ldc, last);
+      gemm_block<Rows, Vectors, Accumulate, Masked, TransA>(k, a, lda, b, ldb, c, ldc, last);
     else
-      gemm_row_tail<Rows - 1, Vectors, Accumulate, Masked>(rows_left, k, a, lda, b, ldb, c, ldc,
+      gemm_row_tail<Rows - 1, Vectors, Accumulate, Masked, TransA>(rows_left, k, a, lda, b, ldb, c, ldc,
                                                            last);
   }
 }
 
 /// One column panel of C (all M rows, Vectors*8 columns) in blocks of block_rows rows.
-template <int Vectors, bool Accumulate, bool Masked>
+template <int Vectors, bool Accumulate, bool Masked, bool TransA>
 inline void gemm_panel(index_t m, index_t k, const float* a, index_t lda, const float* b,
                        index_t ldb, float* c, index_t ldc, __m256i last) {
   constexpr int rows = block_rows(Vectors);
   index_t i = 0;
   for (; i + rows <= m; i += rows)
-    gemm_block<rows, Vectors, Accumulate, Masked>(k, a + i * lda, lda, b, ldb, c + i * ldc,
+    gemm_block<rows, Vectors, Accumulate, Masked, TransA>(k, a + (TransA ? i : i * lda), lda, b, ldb, c + i * ldc,
                                                   ldc, last);
   if (i < m)
-    gemm_row_tail<rows - 1, Vectors, Accumulate, Masked>(m - i, k, a + i * lda, lda, b, ldb,
+    gemm_row_tail<rows - 1, Vectors, Accumulate, Masked, TransA>(m - i, k, a + (TransA ? i : i * lda), lda, b, ldb,
                                                          c + i * ldc, ldc, last);
 }
 
@@ -152,11 +152,11 @@ inline void pack_panel(index_t depth, const float* b, index_t ldb, float* packed
 /// gemm_panel, with B copied into an L1-resident buffer pack_depth rows of K at a time
 /// when there are enough rows of C to reuse each copy. The accumulators pass through C
 /// between depth blocks exactly (fp32 stores and loads), so results do not depend on it.
-template <int Vectors, bool Accumulate, bool Masked>
+template <int Vectors, bool Accumulate, bool Masked, bool TransA>
 inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda, const float* b,
                               index_t ldb, float* c, index_t ldc, __m256i last) {
   if (m < pack_min_rows || k == 0) {
-    gemm_panel<Vectors, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last);
+    gemm_panel<Vectors, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last);
     return;
   }
   constexpr index_t packed_ld = Vectors * lanes;
@@ -165,19 +165,19 @@ inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda,
     const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
     pack_panel<Vectors, Masked>(depth, b + p0 * ldb, ldb, packed, last);
     if (p0 == 0)
-      gemm_panel<Vectors, Accumulate, Masked>(m, depth, a, lda, packed, packed_ld, c, ldc, last);
+      gemm_panel<Vectors, Accumulate, Masked, TransA>(m, depth, a, lda, packed, packed_ld, c, ldc, last);
     else
-      gemm_panel<Vectors, true, Masked>(m, depth, a + p0, lda, packed, packed_ld, c, ldc, last);
+      gemm_panel<Vectors, true, Masked, TransA>(m, depth, a + (TransA ? p0 * lda : p0), lda, packed, packed_ld, c, ldc, last);
   }
 }
 
-template <bool Accumulate, bool Masked>
+template <bool Accumulate, bool Masked, bool TransA>
 inline void gemm_panel_of(int vectors, index_t m, index_t k, const float* a, index_t lda,
                           const float* b, index_t ldb, float* c, index_t ldc, __m256i last) {
   switch (vectors) {
-    case 1: gemm_panel_packed<1, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
-    case 3: gemm_panel_packed<3, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
-    default: gemm_panel_packed<2, Accumulate, Masked>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    case 1: gemm_panel_packed<1, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    case 3: gemm_panel_packed<3, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    default: gemm_panel_packed<2, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
   }
 }
 
@@ -257,7 +257,7 @@ inline void transpose_block(index_t rows, index_t cols, const float* src, index_
 
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
 /// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0.
-template <bool Accumulate>
+template <bool Accumulate, bool TransA = false>
 void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const float* b,
           index_t ldb, float* c, index_t ldc) {
   using namespace detail;
@@ -268,10 +268,10 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
     const int vectors = remaining == 3 ? 3 : remaining == 1 ? 1 : block_vectors;
     remaining -= vectors;
     if (remaining == 0 && last_lanes != lanes)
-      gemm_panel_of<Accumulate, true>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
+      gemm_panel_of<Accumulate, true, TransA>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
                                       first_lanes(last_lanes));
     else
-      gemm_panel_of<Accumulate, false>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
+      gemm_panel_of<Accumulate, false, TransA>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
                                        first_lanes(lanes));
     j += vectors * lanes;
   }
@@ -427,12 +427,13 @@ inline void from_float(const float* src, fp16* dst, index_t n) {
 
 // bf16 pair operands are never used with AVX2 (bf16_dot_product is false); generic's
 // versions keep the interface the same as every arch's.
-template <bool Accumulate>
+template <bool Accumulate, bool TransA = false>
 void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
           index_t ldb, float* c, index_t ldc) {
-  generic::gemm<Accumulate>(m, n, k, a, lda, b, ldb, c, ldc);
+  generic::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
 }
 using generic::interleave_pairs;
+using generic::interleave_rounded;
 using generic::round_to_pairs;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
 

@@ -100,7 +100,7 @@ struct Operand<bf16x2> {
 /// The last vector's loads and stores always go through the mask (all ones for a full
 /// panel): a masked zmm load costs what a plain one does, and one instantiation instead
 /// of two per shape cuts the compile time of every TU that runs a forward pass by a third.
-template <int Rows, int Vectors, bool Accumulate, class E>
+template <int Rows, int Vectors, bool Accumulate, bool TransA, class E>
 inline void gemm_block(index_t k, const E* a, index_t lda, const E* b, index_t ldb,
                        float* c, index_t ldc, __mmask16 last) {
   using Op = Operand<E>;
@@ -126,7 +126,7 @@ inline void gemm_block(index_t k, const E* a, index_t lda, const E* b, index_t l
       bv[v] = v == Vectors - 1 ? Op::load(bp + v * lanes, last) : Op::load(bp + v * lanes);
 #pragma GCC unroll 8
     for (int r = 0; r < Rows; ++r) {
-      const typename Op::vec ar = Op::broadcast(a + r * lda + p);
+      const typename Op::vec ar = Op::broadcast(TransA ? a + p * lda + r : a + r * lda + p);
 #pragma GCC unroll 4
       for (int v = 0; v < Vectors; ++v) acc[r][v] = Op::madd(acc[r][v], ar, bv[v]);
     }
@@ -144,27 +144,27 @@ inline void gemm_block(index_t k, const E* a, index_t lda, const E* b, index_t l
 }
 
 /// The last `rows_left` (< Rows) rows of a panel: one block instantiated for that count.
-template <int Rows, int Vectors, bool Accumulate, class E>
+template <int Rows, int Vectors, bool Accumulate, bool TransA, class E>
 inline void gemm_row_tail(index_t rows_left, index_t k, const E* a, index_t lda,
                           const E* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
   if constexpr (Rows > 0) {
     if (rows_left == Rows)
-      gemm_block<Rows, Vectors, Accumulate>(k, a, lda, b, ldb, c, ldc, last);
+      gemm_block<Rows, Vectors, Accumulate, TransA>(k, a, lda, b, ldb, c, ldc, last);
     else
-      gemm_row_tail<Rows - 1, Vectors, Accumulate>(rows_left, k, a, lda, b, ldb, c, ldc, last);
+      gemm_row_tail<Rows - 1, Vectors, Accumulate, TransA>(rows_left, k, a, lda, b, ldb, c, ldc, last);
   }
 }
 
 /// One column panel of C (all M rows, Vectors*16 columns) in blocks of block_rows rows.
-template <int Vectors, bool Accumulate, class E>
+template <int Vectors, bool Accumulate, bool TransA, class E>
 inline void gemm_panel(index_t m, index_t k, const E* a, index_t lda, const E* b,
                        index_t ldb, float* c, index_t ldc, __mmask16 last) {
   index_t i = 0;
   for (; i + block_rows <= m; i += block_rows)
-    gemm_block<block_rows, Vectors, Accumulate>(k, a + i * lda, lda, b, ldb, c + i * ldc, ldc,
-                                                last);
+    gemm_block<block_rows, Vectors, Accumulate, TransA>(k, a + (TransA ? i : i * lda), lda, b, ldb, c + i * ldc,
+                                                        ldc, last);
   if (i < m)
-    gemm_row_tail<block_rows - 1, Vectors, Accumulate>(m - i, k, a + i * lda, lda, b, ldb,
+    gemm_row_tail<block_rows - 1, Vectors, Accumulate, TransA>(m - i, k, a + (TransA ? i : i * lda), lda, b, ldb,
                                                        c + i * ldc, ldc, last);
 }
 
@@ -188,11 +188,11 @@ inline void pack_panel(index_t depth, const E* b, index_t ldb, E* packed, __mmas
 /// gemm_panel, with B copied into an L1-resident buffer pack_depth rows of K at a time
 /// when there are enough rows of C to reuse each copy. The accumulators pass through C
 /// between depth blocks exactly (fp32 stores and loads), so results do not depend on it.
-template <int Vectors, bool Accumulate, class E>
+template <int Vectors, bool Accumulate, bool TransA, class E>
 inline void gemm_panel_packed(index_t m, index_t k, const E* a, index_t lda, const E* b,
                               index_t ldb, float* c, index_t ldc, __mmask16 last) {
   if (m < pack_min_rows || k == 0) {
-    gemm_panel<Vectors, Accumulate>(m, k, a, lda, b, ldb, c, ldc, last);
+    gemm_panel<Vectors, Accumulate, TransA>(m, k, a, lda, b, ldb, c, ldc, last);
     return;
   }
   constexpr index_t packed_ld = Vectors * lanes;
@@ -201,19 +201,19 @@ inline void gemm_panel_packed(index_t m, index_t k, const E* a, index_t lda, con
     const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
     pack_panel<Vectors>(depth, b + p0 * ldb, ldb, packed, last);
     if (p0 == 0)
-      gemm_panel<Vectors, Accumulate>(m, depth, a, lda, packed, packed_ld, c, ldc, last);
+      gemm_panel<Vectors, Accumulate, TransA>(m, depth, a, lda, packed, packed_ld, c, ldc, last);
     else
-      gemm_panel<Vectors, true>(m, depth, a + p0, lda, packed, packed_ld, c, ldc, last);
+      gemm_panel<Vectors, true, TransA>(m, depth, a + (TransA ? p0 * lda : p0), lda, packed, packed_ld, c, ldc, last);
   }
 }
 
-template <bool Accumulate, class E>
+template <bool Accumulate, bool TransA, class E>
 inline void gemm_panel_of(int vectors, index_t m, index_t k, const E* a, index_t lda,
                           const E* b, index_t ldb, float* c, index_t ldc, __mmask16 last) {
   switch (vectors) {
-    case 1: gemm_panel_packed<1, Accumulate>(m, k, a, lda, b, ldb, c, ldc, last); break;
-    case 2: gemm_panel_packed<2, Accumulate>(m, k, a, lda, b, ldb, c, ldc, last); break;
-    default: gemm_panel_packed<3, Accumulate>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    case 1: gemm_panel_packed<1, Accumulate, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    case 2: gemm_panel_packed<2, Accumulate, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
+    default: gemm_panel_packed<3, Accumulate, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
   }
 }
 
@@ -302,7 +302,7 @@ inline void transpose_block(index_t rows, index_t cols, const float* src, index_
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
 /// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0. E is float, or bf16x2 where
 /// bf16_dot_product (K then counts pairs; generic's gemm says how a pair product sums).
-template <bool Accumulate, class E>
+template <bool Accumulate, bool TransA = false, class E>
 void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b,
           index_t ldb, float* c, index_t ldc) {
   using namespace detail;
@@ -314,7 +314,7 @@ void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b,
                                                                         : block_vectors;
     remaining -= vectors;
     const __mmask16 last = first_lanes(remaining == 0 ? last_lanes : lanes);
-    gemm_panel_of<Accumulate>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc, last);
+    gemm_panel_of<Accumulate, TransA>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc, last);
     j += vectors * lanes;
   }
 }
@@ -519,8 +519,22 @@ inline void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t 
   }
 }
 
+/// dst[c] = (bf16(a[c]), bf16(b[c])): two float rows rounded (to nearest even) and
+/// interleaved into pairs (b == nullptr: zeros): the backward's P and dS as transposed A
+/// operands of bf16 products.
+inline void interleave_rounded(const float* a, const float* b, bf16x2* dst, index_t n) {
+  using detail::lanes;
+  for (index_t c = 0; c < n; c += lanes) {
+    const __mmask16 m = detail::first_lanes(n - c < lanes ? n - c : lanes);
+    const __m512i lo = _mm512_cvtepu16_epi32(detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, a + c)));
+    const __m512i hi = b ? _mm512_cvtepu16_epi32(detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, b + c)))
+                         : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+}
+
 /// dst (ceil(n / 2) pairs) = x[0..n) rounded to bf16, in order, an odd n padded with a zero:
-/// the backward's P^T, dS^T and dS as A operands of bf16 products.
+/// the backward's dS as the A operand of dS K.
 inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) {
   using detail::lanes;
   auto* out = reinterpret_cast<bf16*>(dst);
@@ -548,6 +562,7 @@ inline bool all_finite(const bf16x2* x, index_t n) {
 
 using generic::from_float;
 using generic::interleave_pairs;
+using generic::interleave_rounded;
 using generic::round_to_pairs;
 using generic::to_float;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
@@ -556,10 +571,10 @@ inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(
 
 #if !defined(__AVX512BF16__)
 /// Without AVX-512 BF16 the kernels never multiply bf16 pairs; this keeps the interface whole.
-template <bool Accumulate>
+template <bool Accumulate, bool TransA = false>
 void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
           index_t ldb, float* c, index_t ldc) {
-  generic::gemm<Accumulate>(m, n, k, a, lda, b, ldb, c, ldc);
+  generic::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
 }
 #endif
 

@@ -4,7 +4,8 @@
 // Every arch namespace provides the same functions with the same contracts, so ops/ and
 // memory/ can call `arch::native::` without knowing which one it got: gemm, row_max,
 // exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2,
-// transpose, and the 16-bit conversions to_float / from_float. An arch whose gemm also
+// transpose, and the 16-bit conversions to_float / from_float (and, for bf16 pair tiles,
+// interleave_pairs, interleave_rounded, round_to_pairs). An arch whose gemm also
 // multiplies bf16 pairs (bf16x2 operands, core/half_types.hpp) says so with
 // bf16_dot_product = true; generic has such a gemm too, as the reference, but keeps
 // bf16_dot_product false: converting bf16 to float tiles is faster in scalar code.
@@ -23,8 +24,10 @@ inline constexpr const char* name = "generic";
 inline constexpr bool bf16_dot_product = false;
 
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
-/// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0.
-template <bool Accumulate>
+/// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0. With TransA, A is given by its
+/// transpose (K x M, row-major): element (i, p) at a[p * lda + i] (the backward's P^T and
+/// dS^T, read from P and dS as they are).
+template <bool Accumulate, bool TransA = false>
 void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const float* b,
           index_t ldb, float* c, index_t ldc) {
   for (index_t i = 0; i < m; ++i) {
@@ -32,7 +35,7 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
     if constexpr (!Accumulate)
       for (index_t j = 0; j < n; ++j) ci[j] = 0.0f;
     for (index_t p = 0; p < k; ++p) {
-      const float aip = a[i * lda + p];
+      const float aip = TransA ? a[p * lda + i] : a[i * lda + p];
       const float* bp = b + p * ldb;
 #if defined(__FMA__)  // one rounding per step, whether or not the compiler vectorizes the loop
       for (index_t j = 0; j < n; ++j) ci[j] = std::fma(aip, bp[j], ci[j]);
@@ -48,7 +51,7 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
 /// c = (c + a.hi b.hi) + a.lo b.lo (products of bf16 values are exact in float). vdpbf16ps
 /// matches this bit for bit on normal numbers; it treats subnormal inputs, products and
 /// sums as zero, which this does not (tests/arch/half_kernels_test.cpp bounds the difference).
-template <bool Accumulate>
+template <bool Accumulate, bool TransA = false>
 void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
           index_t ldb, float* c, index_t ldc) {
   for (index_t i = 0; i < m; ++i) {
@@ -56,7 +59,8 @@ void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const b
     if constexpr (!Accumulate)
       for (index_t j = 0; j < n; ++j) ci[j] = 0.0f;
     for (index_t p = 0; p < k; ++p) {
-      const float lo = to_float(a[i * lda + p].lo), hi = to_float(a[i * lda + p].hi);
+      const bf16x2 aip = TransA ? a[p * lda + i] : a[i * lda + p];
+      const float lo = to_float(aip.lo), hi = to_float(aip.hi);
       const bf16x2* bp = b + p * ldb;
       for (index_t j = 0; j < n; ++j)
         ci[j] = (ci[j] + hi * to_float(bp[j].hi)) + lo * to_float(bp[j].lo);
@@ -127,6 +131,12 @@ void from_float(const float* src, Half* dst, index_t n) {
 /// dst[c] = (a[c], b[c]) for c < n: two rows interleaved into pairs (b == nullptr: zeros).
 inline void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t n) {
   for (index_t c = 0; c < n; ++c) dst[c] = {a[c], b ? b[c] : bf16{}};
+}
+
+/// dst[c] = (bf16(a[c]), bf16(b[c])) for c < n: two float rows rounded and interleaved into
+/// pairs (b == nullptr: zeros); the backward's P and dS as transposed A operands.
+inline void interleave_rounded(const float* a, const float* b, bf16x2* dst, index_t n) {
+  for (index_t c = 0; c < n; ++c) dst[c] = {bf16(a[c]), b ? bf16(b[c]) : bf16{}};
 }
 
 /// dst (ceil(n / 2) pairs) = x[0..n) rounded to bf16, in order, an odd n padded with a zero.

@@ -38,9 +38,11 @@ namespace tileattn::kernels {
 
 /// Everything one backward work item keeps in SRAM. Footprint: backward_working_set_bytes.
 /// Op is float or bf16x2 (tile_operand_t); S, dP, dS and the dK, dV accumulators are float.
-/// A float tile serves as every operand; with bf16 pairs, tiles summed over their rows in a
-/// product are held a second time with pairs of rows (k_rows, q_rows, dout_rows), and P^T,
-/// dS^T and dS are rounded to pairs before their products, as on GPUs (ops/operand_layout.hpp).
+/// A float tile serves as every operand, P and dS also as the transposed A operands of P^T dO
+/// and dS^T Q (the micro-kernels read A by columns: no transposed copy). With bf16 pairs,
+/// tiles summed over their rows in a product are held a second time with pairs of rows
+/// (k_rows, q_rows, dout_rows), and P and dS are rounded to pairs before their products, as
+/// on GPUs (ops/operand_layout.hpp).
 template <class Op>
 struct BackwardTiles {
   static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
@@ -54,8 +56,7 @@ struct BackwardTiles {
   Tile<Op> dout, dout_rows;  // (Br, dv): dP = dO V^T; pairs of rows: dV += P^T dO (pairs only)
   Tile<float> s;       // (Br, Bc) scores, then P
   Tile<float> ds;      // (Br, Bc) dP, then dS
-  Tile<float> t;       // (Bc, Br) P^T, then dS^T
-  Tile<Op> t_op;       // (Bc, Br) P^T or dS^T as an operand (pairs only)
+  Tile<Op> p_op;       // (Br, Bc) P, then dS, rows paired: the transposed A operand (pairs only)
   Tile<Op> ds_op;      // (Br, Bc) dS as an operand (pairs only)
   Tile<float> slope;   // (Br, Bc) the softcap's derivative (softcap only)
   TileVector<float> lse2, delta;  // (Br) LSE in log2 units, D
@@ -68,7 +69,6 @@ struct BackwardTiles {
     t.dv = Tile<float>::carve(arena, bc, dv);
     t.s = Tile<float>::carve(arena, br, bc);
     t.ds = Tile<float>::carve(arena, br, bc);
-    t.t = Tile<float>::carve(arena, bc, br);
     if (softcap) t.slope = Tile<float>::carve(arena, br, bc);
     t.lse2 = TileVector<float>::carve(arena, br);
     t.delta = TileVector<float>::carve(arena, br);
@@ -84,7 +84,7 @@ struct BackwardTiles {
     if constexpr (pairs) {
       t.q_rows = Tile<Op>::carve(arena, cols(br), d);
       t.dout_rows = Tile<Op>::carve(arena, cols(br), dv);
-      t.t_op = Tile<Op>::carve(arena, bc, cols(br));
+      t.p_op = Tile<Op>::carve(arena, cols(br), bc);
       t.ds_op = Tile<Op>::carve(arena, br, cols(bc));
     }
     return t;
@@ -175,6 +175,13 @@ void accumulate(Tile<float>& c, const TileA& a, const TileB& b, bool b_finite) {
   else ops::matmul_accumulate_nonzero(c, a, b);
 }
 
+/// c += a^T b (a as stored), likewise.
+template <class TileA, class TileB>
+void accumulate_tn(Tile<float>& c, const TileA& a_t, const TileB& b, bool b_finite) {
+  if (b_finite) ops::matmul_accumulate_tn(c, a_t, b);
+  else ops::matmul_accumulate_tn_nonzero(c, a_t, b);
+}
+
 /// The keys [k0, k1) of a key tile [col0, col0 + cols) that query rows [r0, r0 + n) can
 /// see (first() and end() never decrease with the row), k0 rounded down and k1 up to even.
 inline std::pair<index_t, index_t> keys_seen(const ops::KeyWindow& w, index_t r0, index_t n, index_t col0,
@@ -215,10 +222,10 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
   if (p.dbias.data) accumulate_bias_grad(p, blk, head, r0, blk.col0 + k0, t.ds, io);
   if (slope) ops::multiply(t.ds, *slope);                                         // through tanh
 
-  ops::transpose(t.t, t.s);                                                       // P^T (c, n)
-  accumulate(keys.dv, ops::as_operand(t.t, t.t_op), t.dout_as_rows(), ops::all_finite(t.dout));  // dV += P^T dO
-  ops::transpose(t.t, t.ds);                                                      // dS^T
-  accumulate(keys.dk, ops::as_operand(t.t, t.t_op), t.queries_as_rows(), ops::all_finite(t.q));  // dK += dS^T Q
+  accumulate_tn(keys.dv, ops::as_transposed_operand(t.s, t.p_op), t.dout_as_rows(),  // dV += P^T dO
+                ops::all_finite(t.dout));
+  accumulate_tn(keys.dk, ops::as_transposed_operand(t.ds, t.p_op), t.queries_as_rows(),  // dK += dS^T Q
+                ops::all_finite(t.q));
 
   // dQ_acc += dS K, after the key tiles before this one (ascending order: deterministic).
   const Tile<Op>& ds = ops::as_operand(t.ds, t.ds_op);

@@ -52,10 +52,10 @@ struct BackwardShape {
 /// Bytes the backward kernel carves for br query rows and bc keys (kernels/backward.hpp,
 /// BackwardTiles): resident K (bc x d), K^T (d x bc), V^T (dv x bc) and the dK, dV
 /// accumulators (bc x d, bc x dv); streamed Q (br x d), dO (br x dv), S/P and dP/dS
-/// (br x bc each), their transpose (bc x br), the softcap's slope (br x bc, only with
-/// softcap) and two per-row vectors (LSE, D). With bf16 pair operands, K, Q and dO are held
-/// twice (pairs along their columns for one product, pairs of rows for another), V once
-/// more as rows, and P^T / dS^T and dS once more as pairs, each in 2 bytes per value.
+/// (br x bc each), the softcap's slope (br x bc, only with softcap) and two per-row vectors
+/// (LSE, D). With bf16 pair operands, K, Q and dO are held twice (pairs along their
+/// columns for one product, pairs of rows for another), V once more as rows, and P / dS
+/// once more with rows paired and dS with columns paired, each in 2 bytes per value.
 /// The preprocessing (O and dO tiles of br rows, and D) and the epilogue (a dQ tile) carve
 /// from the same scratch, so the working set covers them too.
 constexpr std::size_t backward_working_set_bytes(index_t br, index_t bc, index_t d, index_t dv,
@@ -65,12 +65,12 @@ constexpr std::size_t backward_working_set_bytes(index_t br, index_t bc, index_t
   using P = Tile<bf16x2>;
   const auto half = [](index_t n) { return (n + 1) / 2; };
   std::size_t main = F::footprint(bc, d) + F::footprint(bc, dv) + (softcap ? 3 : 2) * F::footprint(br, bc) +
-                     F::footprint(bc, br) + 2 * TileVector<float>::footprint(br);  // dK, dV, S, dS, (slope), T
+                     2 * TileVector<float>::footprint(br);  // dK, dV, S, dS, (slope)
   if (operands == TileOperands::bf16_pairs) {
     main += P::footprint(bc, half(d)) + P::footprint(half(d), bc) + P::footprint(half(bc), d) +     // K, K^T, K rows
             P::footprint(bc, half(dv)) + P::footprint(half(dv), bc) +                               // V, V^T
             P::footprint(br, half(d)) + P::footprint(half(br), d) + P::footprint(br, half(dv)) +    // Q, Q rows, dO
-            P::footprint(half(br), dv) + P::footprint(bc, half(br)) + P::footprint(br, half(bc));   // dO rows, T, dS
+            P::footprint(half(br), dv) + P::footprint(half(br), bc) + P::footprint(br, half(bc));   // dO rows, P/dS rows, dS
   } else {
     main += F::footprint(bc, d) + F::footprint(d, bc) + F::footprint(dv, bc) + F::footprint(br, d) +
             F::footprint(br, dv);  // K, K^T, V^T, Q, dO

@@ -5,6 +5,7 @@
 
 #include <cassert>
 #include <cmath>
+#include <type_traits>
 
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/half_types.hpp"
@@ -27,6 +28,15 @@ void matmul_accumulate(TileC& c, const TileA& a, const TileB& b) {
   assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
   arch::native::gemm<true>(a.rows(), b.cols(), a.cols(), a.data(), a.ld(), b.data(), b.ld(),
                            c.data(), c.ld());
+}
+
+/// c += a^T * b with a given as it is stored (k x m): the transposed product reads a's
+/// columns, so P^T dO and dS^T Q need no transposed copy of P or dS.
+template <class TileC, class TileA, class TileB>
+void matmul_accumulate_tn(TileC& c, const TileA& a_t, const TileB& b) {
+  assert(a_t.rows() == b.rows() && c.rows() == a_t.cols() && c.cols() == b.cols());
+  arch::native::gemm<true, true>(a_t.cols(), b.cols(), a_t.rows(), a_t.data(), a_t.ld(), b.data(), b.ld(),
+                                 c.data(), c.ld());
 }
 
 /// c += a * b, skipping the terms whose a is zero, in the same order as matmul_accumulate:
@@ -62,6 +72,26 @@ void matmul_accumulate_nonzero(TileC& c, const Tile<bf16x2>& a, const Tile<bf16x
         for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(lo, to_float(bp[j].lo), ci[j]);
     }
   }
+}
+
+/// matmul_accumulate_tn skipping the zero terms of a (float or bf16 pair tiles; for pairs,
+/// each pair's high half first, as the micro-kernels add them).
+template <class TileC, class TileA, class TileB>
+void matmul_accumulate_tn_nonzero(TileC& c, const TileA& a_t, const TileB& b) {
+  assert(a_t.rows() == b.rows() && c.rows() == a_t.cols() && c.cols() == b.cols());
+  const auto add = [&](float* ci, float a, const auto* bp, auto half) {
+    if (a == 0.0f) return;
+    for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(a, half(bp[j]), ci[j]);
+  };
+  for (index_t i = 0; i < a_t.cols(); ++i)
+    for (index_t p = 0; p < a_t.rows(); ++p) {
+      if constexpr (std::is_same_v<typename TileA::element_type, bf16x2>) {
+        add(c.row(i), to_float(a_t(p, i).hi), b.row(p), [](bf16x2 x) { return to_float(x.hi); });
+        add(c.row(i), to_float(a_t(p, i).lo), b.row(p), [](bf16x2 x) { return to_float(x.lo); });
+      } else {
+        add(c.row(i), a_t(p, i), b.row(p), [](float x) { return x; });
+      }
+    }
 }
 
 /// dst = src^T; dst's extent becomes src.cols() x src.rows(). SRAM to SRAM: no HBM traffic.

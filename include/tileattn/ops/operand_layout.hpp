@@ -45,6 +45,28 @@ inline void transpose(Tile<bf16x2>& dst, const Tile<bf16x2>& src) {
                           reinterpret_cast<float*>(dst.data()), dst.ld());
 }
 
+/// dst (ceil(rows / 2) x cols) = the rows of float tile src rounded to bf16 and interleaved
+/// two by two (an odd last row paired with zeros): P or dS as the transposed A operand of
+/// P^T dO or dS^T Q, pairs along the query rows those products sum over.
+inline void pair_rows(Tile<bf16x2>& dst, const Tile<float>& src) {
+  dst.set_extent((src.rows() + 1) / 2, src.cols());
+  for (index_t q = 0; 2 * q < src.rows(); ++q)
+    arch::native::interleave_rounded(src.row(2 * q), 2 * q + 1 < src.rows() ? src.row(2 * q + 1) : nullptr,
+                                     dst.row(q), src.cols());
+}
+
+/// The transposed A operand (for matmul_accumulate_tn) of Op type that holds float tile
+/// `f`: f itself, or f's rows paired and rounded in `scratch`.
+template <class Op>
+const Tile<Op>& as_transposed_operand(const Tile<float>& f, Tile<Op>& scratch) {
+  if constexpr (std::is_same_v<Op, float>) {
+    return f;
+  } else {
+    pair_rows(scratch, f);
+    return scratch;
+  }
+}
+
 /// The operand of Op type that holds float tile `f`: f itself, or f rounded to pairs in `scratch`.
 template <class Op>
 const Tile<Op>& as_operand(const Tile<float>& f, Tile<Op>& scratch) {
