@@ -318,12 +318,13 @@ inline float row_max(const float* x, index_t n) {
       sum0 = _mm256_add_ps(sum0, e0);
       sum1 = _mm256_add_ps(sum1, e1);
     }
-    for (; j < n; j += lanes) {
+    for (bool odd = false; j < n; j += lanes, odd = !odd) {
       const __m256i mask = detail::first_lanes(n - j < lanes ? n - j : lanes);
       const __m256 e = detail::exp2(_mm256_fmadd_ps(_mm256_maskload_ps(xr + j, mask), f, s));
       _mm256_maskstore_ps(xr + j, mask, e);
-      sum0 = _mm256_add_ps(sum0, _mm256_and_ps(e, _mm256_castsi256_ps(mask)));
-    }
+      __m256& sum = odd ? sum1 : sum0;  // vector j / 8 into sum (j / 8) % 2, as the main loop:
+      sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(mask)));  // zeros past the
+    }                                                                          // end change nothing
     sums[r] = detail::reduce_add(_mm256_add_ps(sum0, sum1));
     if (pairs) generic::round_to_pairs(xr, pairs + r * ld_pairs, n);  // never on AVX2 kernels
   }

@@ -368,18 +368,22 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
       const index_t halves = (rest + 1) / 2 * 2;  // an odd count's pad is the zero of a masked lane
       const __mmask32 out = halves == 32 ? ~__mmask32(0) : (__mmask32(1) << halves) - 1;
       _mm512_mask_storeu_epi16(pairs + j / 2, out, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-      sum0 = _mm512_add_ps(sum0, e0);  // both into sum0, in order, as the float tail does:
-      sum0 = _mm512_add_ps(sum0, e1);  // the same sums with and without pairs (e1's masked lanes are +0)
+      sum0 = _mm512_add_ps(sum0, e0);  // as the main loop and the float tail: masked lanes
+      sum1 = _mm512_add_ps(sum1, e1);  // are +0, so the sums are the float path's
     }
 #endif
   } else {
-    for (; j < n; j += lanes) {
+    for (bool odd = false; j < n; j += lanes, odd = !odd) {
       const __mmask16 mask = first_lanes(n - j < lanes ? n - j : lanes);
       const __m512 e = exp2<Pairs>(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, xr + j), f, s));
       _mm512_mask_storeu_ps(xr + j, mask, e);
-      sum0 = _mm512_mask_add_ps(sum0, mask, sum0, e);
+      __m512& sum = odd ? sum1 : sum0;  // vector j / 16 into sum (j / 16) % 2, as the main loop
+      sum = _mm512_mask_add_ps(sum, mask, sum, e);
     }
   }
+  // Value j always lands in lane j % 16 of sum (j / 16) % 2, so zeros past the visible keys
+  // (a key tile cut short at a query tile's last visible key, or not) leave the sum's
+  // rounding unchanged: results never depend on the tiling.
   return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 }  // namespace detail
