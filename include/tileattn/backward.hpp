@@ -110,16 +110,7 @@ void backward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<co
   const SavedLseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   BackwardParams<T> p = make_backward_params(unpack(q), unpack(k), unpack(v), unpack(o), lse3, unpack(dout),
                                              unpack(dq), unpack(dk), unpack(dv), options);
-  require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
-  const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
-  require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
-  require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
-  require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
-  check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], seqs.max_seqlen_q, "max_seqlen_q");
-  check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], seqs.max_seqlen_k, "max_seqlen_k");
-  p.cu_seqlens_q = seqs.cu_seqlens_q.data();
-  p.cu_seqlens_k = seqs.cu_seqlens_k.data();
-  p.num_sequences = batch;
+  set_sequences(p, seqs, q.shape[0], k.shape[0]);
   check_and_run_backward(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
 }
 

@@ -141,6 +141,22 @@ void forward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v
   run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
 }
 
+/// Checks a packed batch's sequences against the packed row counts (total_q, total_k) and
+/// points p at them (the forward's and the backward's varlen entry points).
+template <class T>
+void set_sequences(ForwardParams<T>& p, const VarlenSequences& seqs, index_t total_q, index_t total_k) {
+  require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
+  require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
+  require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
+  require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
+  check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, total_q, seqs.max_seqlen_q, "max_seqlen_q");
+  check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, total_k, seqs.max_seqlen_k, "max_seqlen_k");
+  p.cu_seqlens_q = seqs.cu_seqlens_q.data();
+  p.cu_seqlens_k = seqs.cu_seqlens_k.data();
+  p.num_sequences = batch;
+}
+
 template <class T>
 void forward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<const T> v,
                     PackedView<T> o, PackedLseView lse, const VarlenSequences& seqs,
@@ -149,17 +165,8 @@ void forward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<con
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   ForwardParams<T> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse4, options);
-  require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
-  const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
-  require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
-  require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
-  require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
-  check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], seqs.max_seqlen_q, "max_seqlen_q");
-  check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], seqs.max_seqlen_k, "max_seqlen_k");
-  p.cu_seqlens_q = seqs.cu_seqlens_q.data();
-  p.cu_seqlens_k = seqs.cu_seqlens_k.data();
-  p.num_sequences = batch;
-  check_options(p, batch, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
+  set_sequences(p, seqs, q.shape[0], k.shape[0]);
+  check_options(p, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
   check_budget(options);
   check_aliasing(p);
   run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);

@@ -39,59 +39,44 @@ void matmul_accumulate_tn(TileC& c, const TileA& a_t, const TileB& b) {
                                  c.data(), c.ld());
 }
 
+namespace detail {
+/// c[i] += sum over p of a_at(i, p) * b[p], skipping the zero terms of a, p in order; for
+/// bf16 pairs each pair's high half first, as the dot-product micro-kernels add them.
+template <class TileC, class AAt, class TileB>
+void accumulate_nonzero(TileC& c, index_t depth, AAt a_at, const TileB& b) {
+  for (index_t i = 0; i < c.rows(); ++i) {
+    float* ci = c.row(i);
+    const auto add = [&](float a, const auto* bp, auto half) {
+      if (a != 0.0f)
+        for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(a, half(bp[j]), ci[j]);
+    };
+    for (index_t p = 0; p < depth; ++p) {
+      if constexpr (std::is_same_v<typename TileB::element_type, bf16x2>) {
+        const bf16x2 a = a_at(i, p);
+        add(to_float(a.hi), b.row(p), [](bf16x2 x) { return to_float(x.hi); });
+        add(to_float(a.lo), b.row(p), [](bf16x2 x) { return to_float(x.lo); });
+      } else {
+        add(a_at(i, p), b.row(p), [](float x) { return x; });
+      }
+    }
+  }
+}
+}  // namespace detail
+
 /// c += a * b, skipping the terms whose a is zero, in the same order as matmul_accumulate:
 /// for a b that holds an Inf or a NaN, which must reach only the rows whose a sees it (a
-/// masked probability is an exact zero, and 0 * NaN would poison the row). Float tiles.
+/// masked probability is an exact zero, and 0 * NaN would poison the row).
 template <class TileC, class TileA, class TileB>
 void matmul_accumulate_nonzero(TileC& c, const TileA& a, const TileB& b) {
   assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
-  for (index_t i = 0; i < a.rows(); ++i) {
-    float* ci = c.row(i);
-    for (index_t p = 0; p < a.cols(); ++p) {
-      const float aip = a(i, p);
-      if (aip == 0.0f) continue;
-      const float* bp = b.row(p);
-      for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(aip, bp[j], ci[j]);
-    }
-  }
+  detail::accumulate_nonzero(c, a.cols(), [&](index_t i, index_t p) { return a(i, p); }, b);
 }
 
-/// The same over bf16 pairs, each pair's high half first as the dot-product micro-kernels
-/// add them; a zero half is skipped.
-template <class TileC>
-void matmul_accumulate_nonzero(TileC& c, const Tile<bf16x2>& a, const Tile<bf16x2>& b) {
-  assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
-  for (index_t i = 0; i < a.rows(); ++i) {
-    float* ci = c.row(i);
-    for (index_t p = 0; p < a.cols(); ++p) {
-      const float hi = to_float(a(i, p).hi), lo = to_float(a(i, p).lo);
-      const bf16x2* bp = b.row(p);
-      if (hi != 0.0f)
-        for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(hi, to_float(bp[j].hi), ci[j]);
-      if (lo != 0.0f)
-        for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(lo, to_float(bp[j].lo), ci[j]);
-    }
-  }
-}
-
-/// matmul_accumulate_tn skipping the zero terms of a (float or bf16 pair tiles; for pairs,
-/// each pair's high half first, as the micro-kernels add them).
+/// matmul_accumulate_tn skipping the zero terms of a.
 template <class TileC, class TileA, class TileB>
 void matmul_accumulate_tn_nonzero(TileC& c, const TileA& a_t, const TileB& b) {
   assert(a_t.rows() == b.rows() && c.rows() == a_t.cols() && c.cols() == b.cols());
-  const auto add = [&](float* ci, float a, const auto* bp, auto half) {
-    if (a == 0.0f) return;
-    for (index_t j = 0; j < b.cols(); ++j) ci[j] = std::fma(a, half(bp[j]), ci[j]);
-  };
-  for (index_t i = 0; i < a_t.cols(); ++i)
-    for (index_t p = 0; p < a_t.rows(); ++p) {
-      if constexpr (std::is_same_v<typename TileA::element_type, bf16x2>) {
-        add(c.row(i), to_float(a_t(p, i).hi), b.row(p), [](bf16x2 x) { return to_float(x.hi); });
-        add(c.row(i), to_float(a_t(p, i).lo), b.row(p), [](bf16x2 x) { return to_float(x.lo); });
-      } else {
-        add(c.row(i), a_t(p, i), b.row(p), [](float x) { return x; });
-      }
-    }
+  detail::accumulate_nonzero(c, a_t.rows(), [&](index_t i, index_t p) { return a_t(p, i); }, b);
 }
 
 /// dst = src^T; dst's extent becomes src.cols() x src.rows(). SRAM to SRAM: no HBM traffic.
