@@ -1,6 +1,7 @@
 // benchmarks/demo.cpp: the tileattn demo: one forward workload through tileattn and through
 // standard attention on Eigen, timed, byte-counted and checked against the double reference;
-// then tileattn again with Q, K, V and O in bf16 (its error includes the inputs' rounding).
+// then tileattn again with Q, K, V and O in bf16 (its error includes the inputs' rounding),
+// and tileattn's backward on the fp32 forward's O and LSE (timed and byte-counted).
 //
 //   tileattn_demo                                 # B=1 H=16 N=2048 d=128, non-causal
 //   tileattn_demo --seqlen 1024 --head-dim 64 --causal --threads 2
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -217,6 +219,26 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < o16.size(); ++i) bf16_o[i] = tileattn::to_float(o16[i]);
   const std::vector<float> bf16_lse = w.lse;
 
+  // The backward on the fp32 forward's O and LSE, with dO from N(0, 1): training's other half.
+  std::vector<float> dout(w.o.size()), dq(w.q.size()), dk(w.k.size()), dv(w.v.size());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (float& x : dout) x = normal(rng);
+  tileattn::BackwardOptions backward_options;
+  static_cast<tileattn::ForwardOptions&>(backward_options) = options;
+  const tileattn::SavedLseView saved_lse{tiled_lse.data(), {s.batch, s.heads, s.seqlen_q},
+                                         {s.heads * s.seqlen_q, s.seqlen_q, 1}};
+  auto run_backward = [&] {
+    tileattn::backward(w.q_view(), w.k_view(), w.v_view(), bshd(tiled_o.data(), s.seqlen_q), saved_lse,
+                       bshd(dout.data(), s.seqlen_q), bshd(dq.data(), s.seqlen_q), bshd(dk.data(), s.seqlen_k),
+                       bshd(dv.data(), s.seqlen_k), backward_options);
+  };
+  tileattn::IoCounts io_backward;
+  backward_options.io_counts = &io_backward;
+  run_backward();
+  backward_options.io_counts = nullptr;
+  const double backward_s = best_seconds(opt.repetitions, run_backward);
+
   // Standard attention on Eigen: warm-up (sizes the workspaces), then the timed calls.
   tileattn::bench::StandardAttention standard(options.execution);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
@@ -256,6 +278,9 @@ int main(int argc, char** argv) {
   std::printf("%-22s %10.1f %9.1f %16.1f %13.2e %13.2e\n", "tileattn bf16", bf16_s * 1e3,
               gflop / bf16_s, static_cast<double>(io16.bytes_read + io16.bytes_written) / (1 << 20),
               bf16_err.o, bf16_err.lse);
+  std::printf("%-22s %10.1f %9.1f %16.1f %13s %13s\n", "tileattn backward", backward_s * 1e3,
+              2.5 * gflop / backward_s, static_cast<double>(io_backward.bytes_read + io_backward.bytes_written) / (1 << 20),
+              "-", "-");
   std::printf("\nspeed: tileattn runs at %.2fx the standard attention's rate; it moves %.1fx fewer HBM bytes\n",
               standard_s / tiled_s, standard_bytes / tiled_bytes);
   std::printf("bytes: tileattn counted per tile load/store; standard from the FlashAttention Algorithm 0 formula\n");
@@ -264,6 +289,10 @@ int main(int argc, char** argv) {
   std::printf("bf16: Q, K, V, O in bf16 (%s tiles), accumulation in fp32, %.2fx the fp32 rate; its error is\n"
               "      against the fp32 inputs' reference, so it includes rounding the inputs to bf16 (docs/precision.md)\n",
               tileattn::arch::native::bf16_dot_product ? "vdpbf16ps pair" : "float", tiled_s / bf16_s);
+
+  std::printf("backward: dQ, dK, dV from dO (fp32; docs/backward.md), credited 2.5x the forward's FLOPs: %.2fx the\n"
+              "      forward's rate; its accuracy is tested in tests/kernels/backward_test.cpp\n",
+              2.5 * tiled_s / backward_s);
 
   const double o_bound = 2.0 * standard_err.o + 1e-5, lse_bound = 2.0 * standard_err.lse + 1e-5;
   const bool ok = tiled_err.o <= o_bound && tiled_err.lse <= lse_bound;
