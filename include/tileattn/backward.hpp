@@ -14,6 +14,7 @@
 // anything runs: a bad one throws tileattn::invalid_argument naming it, and nothing is written.
 #pragma once
 
+#include <array>
 #include <type_traits>
 
 #include "tileattn/detail/backward_checks.hpp"
@@ -59,11 +60,13 @@ BackwardParams<T> make_backward_params(TensorView<const T> q, TensorView<const T
   return p;
 }
 
-template <class T>
-void check_saved_lse(const StridedView<const float, 3>& lse, const TensorView<const T>& q) {
+/// The saved LSE is required and must have the forward's extents `want`.
+template <int R>
+void check_saved_lse(const StridedView<const float, R>& lse,
+                     const std::array<index_t, static_cast<std::size_t>(R)>& want,
+                     const std::array<const char*, static_cast<std::size_t>(R)>& names) {
   require(lse.data != nullptr, "lse", "data is null (the backward needs the forward's log-sum-exp)");
-  check_lse(StridedView<float, 3>{const_cast<float*>(lse.data), lse.shape, lse.stride},
-            {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+  check_lse(StridedView<float, R>{const_cast<float*>(lse.data), lse.shape, lse.stride}, want, names);  // only read
 }
 
 /// The checks both entry points share once the params are built, then the run.
@@ -94,7 +97,7 @@ void backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> 
               SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
               const BackwardOptions& options) {
   check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
-  check_saved_lse(lse, q);
+  check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
   check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
 }
@@ -104,9 +107,7 @@ void backward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<co
                      SavedPackedLseView lse, PackedView<const T> dout, PackedView<T> dq, PackedView<T> dk,
                      PackedView<T> dv, const VarlenSequences& seqs, const BackwardOptions& options) {
   check_backward_views(q, k, v, o, dout, dq, dk, dv, packed_layout);
-  require(lse.data != nullptr, "lse", "data is null (the backward needs the forward's log-sum-exp)");
-  check_lse(StridedView<float, 2>{const_cast<float*>(lse.data), lse.shape, lse.stride}, {q.shape[1], q.shape[0]},
-            packed_lse_dims);
+  check_saved_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const SavedLseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   BackwardParams<T> p = make_backward_params(unpack(q), unpack(k), unpack(v), unpack(o), lse3, unpack(dout),
                                              unpack(dq), unpack(dk), unpack(dv), options);

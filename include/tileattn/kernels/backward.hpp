@@ -126,14 +126,6 @@ struct BackwardState {
         turns(p, plan) {}
 };
 
-/// Reads rows [row0, row0 + n) of one (view batch, head) of a [batch, heads, seqlen] vector.
-template <class V, class Io>
-void load_vector(const V& view, index_t view_batch, index_t head, index_t row0, index_t n,
-                 float scale, float* out, Io& io) {
-  for (index_t i = 0; i < n; ++i) out[i] = view(view_batch, head, row0 + i) * scale;
-  io.read(static_cast<std::uint64_t>(n) * sizeof(float));
-}
-
 /// Pass 1 for one (sequence, head, query tile): D = rowsum(dO * O) in fp32.
 template <class T, class Io>
 void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardPlan& plan, const BackwardState& st,
@@ -208,8 +200,10 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
     ops::pair_rows(t.q_rows, t.q, p.head_dim());
     ops::pair_rows(t.dout_rows, t.dout, p.head_dim_v());
   }
-  load_vector(p.saved_lse, seq.view_batch, head, seq.q_start + r0, n, log2e, t.lse2.data(), io);
-  load_vector(st.delta_view, seq.view_batch, head, seq.q_start + r0, n, 1.0f, t.delta.data(), io);
+  const index_t row = seq.q_start + r0;
+  load_vector(t.lse2.data(), &p.saved_lse(seq.view_batch, head, row), p.saved_lse.stride[2], n, io);
+  arch::native::scale(t.lse2.data(), n, log2e);                                  // LSE in log2 units
+  load_vector(t.delta.data(), &st.delta_view(seq.view_batch, head, row), st.delta_view.stride[2], n, io);
   const auto [k0, k1] = keys_seen(mods.window(), r0, n, blk.col0, blk.cols);
   auto keys = t.keys(k0, k1 - k0);                                                // c = k1 - k0 keys
 

@@ -1,13 +1,14 @@
 // tileattn/memory/tile_io.hpp: the only ways data moves between HBM views and SRAM tiles.
 //
 // load_rows / load_rows_transposed / load_rows_pairwise read a block of sequence rows of
-// one (batch, head) matrix into a tile laid out for its role in a product; store_rows and
-// store_vector write results back. Each reports the bytes it moved, counted in the stored
-// type (2 per bf16 or fp16 element), to an IO policy (memory/io_counter.hpp); prefetch_rows
-// only hints. Element conversion and layout changes happen here, so tile math never sees
-// the storage type: float tiles take float, bf16 or fp16 (converted exactly); bf16 pair
-// tiles (bf16x2, for the bf16 dot-product micro-kernels) take bf16 and pack it as the
-// product needs (pairs along head_dim for Q and K, pairs of rows for V).
+// one (batch, head) matrix into a tile laid out for its role in a product, load_vector a
+// per-row statistic; store_rows and store_vector write results back. Each reports the
+// bytes it moved, counted in the stored type (2 per bf16 or fp16 element), to an IO
+// policy (memory/io_counter.hpp); prefetch_rows only hints. Element conversion and layout
+// changes happen here, so tile math never sees the storage type: float tiles take float,
+// bf16 or fp16 (converted exactly); bf16 pair tiles (bf16x2, for the bf16 dot-product
+// micro-kernels) take bf16 and pack it as the product needs (pairs along head_dim for Q
+// and K, pairs of rows for V).
 #pragma once
 
 #include <algorithm>
@@ -172,6 +173,13 @@ void store_rows(const MatrixView<D>& dst, index_t row0, const Tile<float, Cols>&
     }
   }
   io.written(static_cast<std::uint64_t>(rows * cols) * sizeof(D));
+}
+
+/// dst[i] = src[i * stride] for i in [0, count): per-row statistics such as the saved LSE.
+template <class T, class Io>
+void load_vector(T* dst, const T* src, index_t stride, index_t count, Io& io) {
+  for (index_t i = 0; i < count; ++i) dst[i] = src[i * stride];
+  io.read(static_cast<std::uint64_t>(count) * sizeof(T));
 }
 
 /// dst[i * stride] = src[i] for i in [0, count): per-row statistics such as the LSE.
