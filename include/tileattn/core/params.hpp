@@ -100,9 +100,18 @@ struct ForwardParams : ScoreOptions {
   float softmax_scale = 1.0f;
   const std::int32_t* cu_seqlens_q = nullptr;  // varlen when set (batch of the views is 1)
   const std::int32_t* cu_seqlens_k = nullptr;
-  index_t num_sequences = 0;                   // varlen: batch
+  index_t num_sequences = 0;                   // varlen: batch (paged too: varlen queries)
+  // Paged K/V (forward_paged) when cache_seqlens is set: k and v are page pools
+  // [num_pages, page_size, heads_kv, head_dim]; sequence b has cache_seqlens[b] keys, in the
+  // pages block_table[b, 0], block_table[b, 1], ... in order.
+  StridedView<const std::int32_t, 2> block_table{};
+  const std::int32_t* cache_seqlens = nullptr;
+  // Split-KV partial states (kernels/work_list.hpp): rows of head_dim_v floats and their LSE.
+  float* o_accum = nullptr;
+  float* lse_accum = nullptr;
 
   bool varlen() const { return cu_seqlens_q != nullptr; }
+  bool paged() const { return cache_seqlens != nullptr; }
   index_t batch() const { return varlen() ? num_sequences : q.shape[dim::batch]; }
   index_t heads() const { return q.shape[dim::heads]; }
   index_t heads_kv() const { return k.shape[dim::heads]; }
@@ -111,9 +120,19 @@ struct ForwardParams : ScoreOptions {
   index_t head_dim_v() const { return v.shape[dim::head_dim]; }  // V and O
 
   SequenceRange sequence(index_t b) const {
-    if (!varlen()) return {b, 0, q.shape[dim::seqlen], 0, k.shape[dim::seqlen]};
-    return {0, cu_seqlens_q[b], cu_seqlens_q[b + 1] - cu_seqlens_q[b], cu_seqlens_k[b],
-            cu_seqlens_k[b + 1] - cu_seqlens_k[b]};
+    SequenceRange s{b, 0, q.shape[dim::seqlen], 0, k.shape[dim::seqlen]};
+    if (varlen()) {
+      s.view_batch = 0;
+      s.q_start = cu_seqlens_q[b];
+      s.q_len = cu_seqlens_q[b + 1] - cu_seqlens_q[b];
+    }
+    if (paged()) {
+      s.k_len = cache_seqlens[b];
+    } else if (varlen()) {
+      s.k_start = cu_seqlens_k[b];
+      s.k_len = cu_seqlens_k[b + 1] - cu_seqlens_k[b];
+    }
+    return s;
   }
 
   /// The diagonal's offset: query i is aligned with key i + mask_offset(s).

@@ -58,6 +58,7 @@ using LseView = StridedView<float, 3>;
 /// A 2-D slice: one (batch, head) pair's [seqlen, head_dim] matrix.
 template <class T>
 struct MatrixView {
+  using element_type = T;
   T* data = nullptr;
   index_t rows = 0;
   index_t cols = 0;

@@ -1,11 +1,19 @@
 // tileattn/kernels/work_list.hpp: the forward pass's work items, (sequence, query tile,
-// K/V head, head chunk), numbered longest first.
+// key chunk, K/V head, head chunk), numbered longest first; and, for split-KV, the merges.
 //
 // A work item is a QueryBlock: the query heads of one K/V group (or a chunk of them, if
-// the group is larger than a tile) at one tile of query positions of one sequence. The
-// backends hand items out in index order, so numbering the blocks that see the most keys
-// first (causal, windowed and variable-length batches are uneven) lets threads finish
-// together. The list holds one entry per (sequence, query tile): O(N / Br) memory.
+// the group is larger than a tile) at one tile of query positions of one sequence, against
+// the sequence's keys or, under split-KV (flash-decoding), one chunk of them. The backends
+// hand items out in index order, so numbering the blocks that see the most keys first
+// (causal, windowed and variable-length batches are uneven) lets threads finish together.
+//
+// Split-KV. When a KeySplit is given, a sequence with few query rows and more keys than one
+// chunk has its keys cut at multiples of keys_per_split; each chunk's item writes a partial
+// state (O normalized over the chunk, and the chunk's LSE) to the params' o_accum/lse_accum,
+// and a Merge item per (sequence, query head) combines them in chunk order afterwards
+// (ops/merge_states.hpp). The chunking depends only on the shapes, never on the thread
+// count, so every thread count gives the same bits. The list holds one entry per
+// (sequence, query tile, key chunk): O(N / Br) memory.
 #pragma once
 
 #include <algorithm>
@@ -17,30 +25,45 @@
 
 namespace tileattn::kernels {
 
+/// Which sequences split their keys, and where: sequences whose query rows (positions x
+/// query heads of a group) are at most max_query_rows, in chunks of keys_per_split keys (a
+/// multiple of the key tile). keys_per_split == 0: no split.
+struct KeySplit {
+  index_t keys_per_split = 0;
+  index_t max_query_rows = 0;
+
+  bool splits(index_t q_len, index_t group, index_t k_len) const {
+    return keys_per_split > 0 && q_len * group <= max_query_rows && k_len > keys_per_split;
+  }
+};
+
 struct QueryBlock {
-  index_t sequence;    // batch index b
-  SequenceRange range;  // where sequence b lives in the views
+  index_t sequence;      // batch index b
+  SequenceRange range;   // where sequence b lives in the views
   index_t kv_head;
   ops::PackedRows rows;  // query heads and positions packed into the tile
+  index_t key_begin = 0, key_end = 0;  // the keys this item attends: [key_begin, key_end)
+  index_t partial = -1;  // >= 0: first o_accum row of its partial state; -1: writes O
+};
+
+/// One split sequence's merge: `chunks` partial states, each heads_q x q_len rows from
+/// o_accum row `partial` on (state c, head h, position i at partial + (c * heads_q + h) * q_len + i).
+struct Merge {
+  index_t sequence;
+  SequenceRange range;
+  index_t chunks;
+  index_t partial;
 };
 
 class ForwardWorkList {
  public:
   template <class T>
-  ForwardWorkList(const ForwardParams<T>& p, const TilePlan& plan)
+  ForwardWorkList(const ForwardParams<T>& p, const TilePlan& plan, const KeySplit& split = {})
       : heads_kv_(p.heads_kv()),
         group_(p.group_size()),
         heads_per_tile_(plan.heads_per_tile),
         chunks_((group_ + heads_per_tile_ - 1) / heads_per_tile_) {
-    for (index_t b = 0; b < p.batch(); ++b) {
-      const SequenceRange seq = p.sequence(b);
-      const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
-      for (index_t row0 = 0; row0 < seq.q_len; row0 += plan.query_tile_rows) {
-        const index_t rows = std::min(plan.query_tile_rows, seq.q_len - row0);
-        const index_t keys = std::max<index_t>(0, window.end(row0 + rows - 1) - window.first(row0));
-        tiles_.push_back({b, seq, row0, rows, keys});
-      }
-    }
+    for (index_t b = 0; b < p.batch(); ++b) add_sequence(p, plan, split, b);
     std::stable_sort(tiles_.begin(), tiles_.end(),
                      [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
   }
@@ -53,8 +76,12 @@ class ForwardWorkList {
     const index_t kv_head = rest / chunks_, chunk = rest % chunks_;
     const index_t head0 = kv_head * group_ + chunk * heads_per_tile_;
     const index_t heads = std::min(heads_per_tile_, (kv_head + 1) * group_ - head0);
-    return {t.sequence, t.range, kv_head, {head0, heads, t.row0, t.rows}};
+    return {t.sequence, t.range, kv_head, {head0, heads, t.row0, t.rows}, t.key_begin, t.key_end, t.partial};
   }
+
+  /// The split sequences' merges, and the o_accum / lse_accum rows their states take.
+  const std::vector<Merge>& merges() const { return merges_; }
+  index_t partial_rows() const { return partial_rows_; }
 
  private:
   struct Tile {
@@ -62,9 +89,36 @@ class ForwardWorkList {
     SequenceRange range;
     index_t row0, rows;
     index_t keys;  // keys some row of the tile sees: the work-size estimate
+    index_t key_begin, key_end, partial;
   };
+
+  template <class T>
+  void add_sequence(const ForwardParams<T>& p, const TilePlan& plan, const KeySplit& split, index_t b) {
+    const SequenceRange seq = p.sequence(b);
+    const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
+    const bool split_keys = split.splits(seq.q_len, group_, seq.k_len);
+    const index_t step = split_keys ? split.keys_per_split : std::max<index_t>(seq.k_len, 1);
+    const index_t key_chunks = (std::max<index_t>(seq.k_len, 1) + step - 1) / step;
+    if (split_keys && seq.q_len > 0) {
+      merges_.push_back({b, seq, key_chunks, partial_rows_});
+    }
+    for (index_t c = 0; c < key_chunks; ++c) {
+      const index_t begin = c * step, end = split_keys ? std::min(seq.k_len, begin + step) : seq.k_len;
+      const index_t partial = split_keys ? partial_rows_ + c * p.heads() * seq.q_len : -1;
+      for (index_t row0 = 0; row0 < seq.q_len; row0 += plan.query_tile_rows) {
+        const index_t rows = std::min(plan.query_tile_rows, seq.q_len - row0);
+        const index_t first = std::max(begin, window.first(row0));
+        const index_t keys = std::max<index_t>(0, std::min(end, window.end(row0 + rows - 1)) - first);
+        tiles_.push_back({b, seq, row0, rows, keys, begin, end, partial});
+      }
+    }
+    if (split_keys) partial_rows_ += key_chunks * p.heads() * seq.q_len;
+  }
+
   index_t heads_kv_, group_, heads_per_tile_, chunks_;
   std::vector<Tile> tiles_;
+  std::vector<Merge> merges_;
+  index_t partial_rows_ = 0;
 };
 
 }  // namespace tileattn::kernels

@@ -8,7 +8,8 @@
 // changes happen here, so tile math never sees the storage type: float tiles take float,
 // bf16 or fp16 (converted exactly); bf16 pair tiles (bf16x2, for the bf16 dot-product
 // micro-kernels) take bf16 and pack it as the product needs (pairs along head_dim for Q
-// and K, pairs of rows for V).
+// and K, pairs of rows for V). A paged source (core/paged_view.hpp) is read page run by
+// page run through the same loads: a paged cache is a different load, not another kernel.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/paged_view.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/core/tile.hpp"
 
@@ -128,9 +130,9 @@ void load_rows_pairwise(Tile<float, Cols>& dst, const MatrixView<const S>& src, 
   load_rows(dst, src, row0, rows, io);
 }
 
-template <class Io>
-void load_rows_pairwise(Tile<bf16x2>& dst, const MatrixView<const bf16>& src, index_t row0,
-                        index_t rows, Io& io) {
+template <class Src, class Io>
+  requires std::is_same_v<typename Src::element_type, const bf16>
+void load_rows_pairwise(Tile<bf16x2>& dst, const Src& src, index_t row0, index_t rows, Io& io) {
   const index_t cols = src.cols;
   dst.set_extent((rows + 1) / 2, cols);
   for (index_t q = 0; 2 * q < rows; ++q) {
@@ -145,11 +147,40 @@ void load_rows_pairwise(Tile<bf16x2>& dst, const MatrixView<const bf16>& src, in
   io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(bf16));
 }
 
+/// The loads above from a paged matrix: each page run is a plain matrix loaded into its
+/// slice of the tile (rows of a row tile, columns of a transposed one). A bf16 pair tile of
+/// V pairs rows across page boundaries, so it reads row by row (load_rows_pairwise above).
+template <class D, class S, class Io>
+void load_rows(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_t rows, Io& io) {
+  dst.set_extent(rows, std::is_same_v<typename D::element_type, bf16x2> ? (src.cols + 1) / 2 : src.cols);
+  src.for_each_page_run(row0, rows, [&](const MatrixView<const S>& run, index_t at) {
+    D part = dst.slice_rows(at, run.rows);
+    load_rows(part, run, 0, run.rows, io);
+  });
+}
+
+template <class D, class S, class Io>
+void load_rows_transposed(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_t rows,
+                          Io& io) {
+  dst.set_extent(std::is_same_v<typename D::element_type, bf16x2> ? (src.cols + 1) / 2 : src.cols, rows);
+  src.for_each_page_run(row0, rows, [&](const MatrixView<const S>& run, index_t at) {
+    D part = dst.slice_cols(at, run.rows);
+    load_rows_transposed(part, run, 0, run.rows, io);
+  });
+}
+
+template <index_t Cols, class S, class Io>
+void load_rows_pairwise(Tile<float, Cols>& dst, const PagedMatrixView<const S>& src, index_t row0,
+                        index_t rows, Io& io) {
+  load_rows(dst, src, row0, rows, io);
+}
+
 /// Asks the cache hierarchy for rows [row0, row0 + rows) of src ahead of their load (into
 /// L2: the CPU's stand-in for FlashAttention-3's asynchronous copy of the next K/V tile
 /// while the current one is computed). Moves no data through the IO counter.
-template <class S>
-void prefetch_rows(const MatrixView<const S>& src, index_t row0, index_t rows) {
+template <class Src>
+void prefetch_rows(const Src& src, index_t row0, index_t rows) {
+  using S = std::remove_const_t<typename Src::element_type>;
   constexpr index_t line = static_cast<index_t>(cache_line_bytes / sizeof(S));
   const index_t span = (src.cols - 1) * src.col_stride + 1;
   for (index_t r = row0; r < row0 + rows; ++r)

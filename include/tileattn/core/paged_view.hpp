@@ -1,0 +1,62 @@
+// tileattn/core/paged_view.hpp: one (sequence, K/V head)'s keys or values in a paged cache.
+//
+// A paged cache keeps K and V in page pools [num_pages, page_size, heads_kv, head_dim]
+// (FlashAttention's flash_attn_with_kvcache and vLLM's layout); a sequence's block table
+// lists its pages in order, so its row r lives in page table[r / page_size] at row
+// r % page_size. PagedMatrixView is that [rows, head_dim] matrix: what MatrixView is for a
+// contiguous tensor, with the row lookup going through the table. Rows within one page are
+// a plain MatrixView (page_run), which is how the tile loads (memory/tile_io.hpp) read it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tileattn/core/strided_view.hpp"
+
+namespace tileattn {
+
+template <class T>
+struct PagedMatrixView {
+  using element_type = T;
+  T* pool = nullptr;                    // element (0, 0) of page 0 for this head
+  const std::int32_t* table = nullptr;  // the sequence's block table
+  index_t table_stride = 1;             // between consecutive table entries
+  index_t page_size = 1;
+  index_t page_stride = 0;              // elements between pages
+  index_t rows = 0;                     // the sequence's keys
+  index_t cols = 0;
+  index_t row_stride = 0;               // within a page
+  index_t col_stride = 1;
+
+  T* row(index_t r) const {
+    return pool + static_cast<index_t>(table[(r / page_size) * table_stride]) * page_stride +
+           (r % page_size) * row_stride;
+  }
+  T& operator()(index_t r, index_t c) const { return row(r)[c * col_stride]; }
+
+  /// Rows [r0, r0 + n) that lie in one page, as a plain matrix.
+  MatrixView<T> page_run(index_t r0, index_t n) const { return {row(r0), n, cols, row_stride, col_stride}; }
+
+  /// Calls f(run, offset) for the page runs that make up rows [row0, row0 + n): run is a
+  /// MatrixView of rows within one page, offset its first row's distance from row0.
+  template <class F>
+  void for_each_page_run(index_t row0, index_t n, F&& f) const {
+    for (index_t r = row0; r < row0 + n;) {
+      const index_t run = std::min(row0 + n - r, page_size - r % page_size);
+      f(page_run(r, run), r - row0);
+      r += run;
+    }
+  }
+};
+
+/// Head `head`'s [rows, head_dim] matrix of a sequence whose block table is `table`
+/// (table_stride apart) in the page pool `pool` [num_pages, page_size, heads_kv, head_dim].
+template <class T>
+PagedMatrixView<T> paged_head_matrix(const TensorView<T>& pool, const std::int32_t* table,
+                                     index_t table_stride, index_t head, index_t rows) {
+  return {pool.data + head * pool.stride[dim::heads], table, table_stride, pool.shape[dim::seqlen],
+          pool.stride[dim::batch], rows, pool.shape[dim::head_dim], pool.stride[dim::seqlen],
+          pool.stride[dim::head_dim]};
+}
+
+}  // namespace tileattn

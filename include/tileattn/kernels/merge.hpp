@@ -1,0 +1,75 @@
+// tileattn/kernels/merge.hpp: merging partial attention states row block by row block, for
+// split-KV (kernels/forward.hpp) and the public merge_states (paged.hpp).
+//
+// A state is a [rows, head_dim_v] matrix O_c in main memory with its per-row LSE_c. The
+// merge loads each state's block of rows through tile IO (counted), folds it into an
+// accumulator with ops::merge_state_step in a fixed order, finishes with
+// ops::finalize_rows (the forward's own normalization, which adds a sink once) and
+// stores O (rounded once to its type) and LSE.
+#pragma once
+
+#include <algorithm>
+
+#include "tileattn/core/strided_view.hpp"
+#include "tileattn/core/tile.hpp"
+#include "tileattn/memory/tile_io.hpp"
+#include "tileattn/ops/merge_states.hpp"
+#include "tileattn/ops/online_softmax.hpp"
+
+namespace tileattn::kernels {
+
+/// One partial state's rows in main memory.
+template <class S>
+struct PartialState {
+  MatrixView<const S> o;
+  const float* lse;
+  index_t lse_stride;
+};
+
+/// What one merge keeps in SRAM: a block of rows of the accumulator and of one state.
+struct MergeTiles {
+  Tile<float> acc, state;
+  ops::RowStats stats;
+  TileVector<float> lse;
+
+  static constexpr std::size_t footprint(index_t rows, index_t dv) {
+    return 2 * Tile<float>::footprint(rows, dv) + ops::RowStats::footprint(rows) +
+           TileVector<float>::footprint(rows);
+  }
+  static MergeTiles carve(ScratchArena& arena, index_t rows, index_t dv) {
+    return {Tile<float>::carve(arena, rows, dv), Tile<float>::carve(arena, rows, dv),
+            ops::RowStats::carve(arena, rows), TileVector<float>::carve(arena, rows)};
+  }
+};
+
+/// The rows a merge block holds: as many as fit the budget, at most `wanted` (at least 1).
+inline index_t merge_block_rows(index_t wanted, index_t dv, std::size_t budget) {
+  index_t rows = std::max<index_t>(wanted, 1);
+  while (rows > 1 && MergeTiles::footprint(rows, dv) > budget) rows = (rows + 1) / 2;
+  return rows;
+}
+
+/// out = the merge of states state_at(0) ... state_at(count - 1), all out.rows rows, in
+/// that order; out_lse (stride apart; nullptr: not written) their LSE; sink_log2 (nullptr:
+/// none) an attention sink in log2 units, added once.
+template <class StateAt, class D, class Io>
+void merge_rows(index_t count, StateAt&& state_at, const MatrixView<D>& out, float* out_lse,
+                index_t out_lse_stride, const float* sink_log2, MergeTiles& t, Io& io) {
+  for (index_t i0 = 0; i0 < out.rows; i0 += t.acc.capacity_rows()) {
+    const index_t n = std::min(t.acc.capacity_rows(), out.rows - i0);
+    t.acc.set_extent(n, out.cols);
+    ops::fill(t.acc, 0.0f);
+    t.stats.reset(n);
+    for (index_t c = 0; c < count; ++c) {
+      const auto state = state_at(c);
+      load_rows(t.state, state.o, i0, n, io);
+      load_vector(t.lse.data(), state.lse + i0 * state.lse_stride, state.lse_stride, n, io);
+      ops::merge_state_step(t.acc, t.stats, t.state, t.lse.data());
+    }
+    ops::finalize_rows(t.acc, t.stats, t.lse.data(), sink_log2);
+    store_rows(out, i0, t.acc, io);
+    if (out_lse) store_vector(out_lse + i0 * out_lse_stride, out_lse_stride, t.lse.data(), n, io);
+  }
+}
+
+}  // namespace tileattn::kernels
