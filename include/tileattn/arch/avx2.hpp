@@ -433,10 +433,14 @@ void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const b
           index_t ldb, float* c, index_t ldc) {
   generic::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
 }
+using generic::gemm_nt_rows;
+using generic::gemm_rows;
 using generic::interleave_pairs;
 using generic::interleave_rounded;
 using generic::round_to_pairs;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const bf16* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const fp16* x, index_t n) { return generic::all_finite(x, n); }
 
 }  // namespace tileattn::arch::avx2
 

@@ -422,13 +422,20 @@ inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
 /// True when no x[j] is Inf or NaN (exponent bits all ones).
 inline bool all_finite(const float* x, index_t n) {
   using detail::lanes;
-  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
   __mmask16 bad = 0;
+#if defined(__AVX512DQ__)
+  constexpr int inf_or_nan = 0x01 | 0x08 | 0x10 | 0x80;  // QNaN, +Inf, -Inf, SNaN
+  index_t j = 0;
+  for (; j + lanes <= n; j += lanes) bad |= _mm512_fpclass_ps_mask(_mm512_loadu_ps(x + j), inf_or_nan);
+  if (j < n) bad |= _mm512_fpclass_ps_mask(_mm512_maskz_loadu_ps(detail::first_lanes(n - j), x + j), inf_or_nan);
+#else
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
   for (index_t j = 0; j < n; j += lanes) {
     const __mmask16 mask = detail::first_lanes(n - j < lanes ? n - j : lanes);
     const __m512i bits = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(mask, x + j)), exponent);
     bad |= _mm512_cmpeq_epi32_mask(bits, exponent);
   }
+#endif
   return bad == 0;
 }
 
@@ -562,6 +569,24 @@ inline bool all_finite(const bf16x2* x, index_t n) {
   return bad == 0;
 }
 
+namespace detail {
+/// True when no 16-bit value x[j] has an all-ones exponent (Inf or NaN).
+template <class Half>
+inline bool no_all_ones_exponent(const Half* x, index_t n, short exponent_bits) {
+  const __m512i exponent = _mm512_set1_epi16(exponent_bits);
+  __mmask32 bad = 0;
+  for (index_t j = 0; j < n; j += 32) {
+    const __mmask32 m = n - j >= 32 ? ~__mmask32{0} : (__mmask32{1} << (n - j)) - 1;
+    bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_maskz_loadu_epi16(m, x + j), exponent), exponent);
+  }
+  return bad == 0;
+}
+}  // namespace detail
+
+/// True when no x[j] (bf16 or fp16 rows read in place) is Inf or NaN.
+inline bool all_finite(const bf16* x, index_t n) { return detail::no_all_ones_exponent(x, n, 0x7f80); }
+inline bool all_finite(const fp16* x, index_t n) { return detail::no_all_ones_exponent(x, n, 0x7c00); }
+
 #else  // AVX-512F alone (Xeon Phi): the 16-bit moves are generic's
 
 using generic::from_float;
@@ -570,8 +595,175 @@ using generic::interleave_rounded;
 using generic::round_to_pairs;
 using generic::to_float;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const bf16* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const fp16* x, index_t n) { return generic::all_finite(x, n); }
 
 #endif  // __AVX512BW__ && __AVX512VL__
+
+// ---- Products with K or V rows read in place (float, bf16 or fp16 rows, converted in
+// registers): the forward's decode path (kernels/forward.hpp, in_place_max_rows).
+
+namespace detail {
+inline __m512 load_floats(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_floats(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+inline __m512 load_floats(const bf16* p) { return bf16_to_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load_floats(const bf16* p, __mmask16 m) { return bf16_to_ps(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 load_floats(const fp16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load_floats(const fp16* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+#else
+template <class Half>
+inline __m512 load_floats(const Half* p, __mmask16 m = 0xFFFF) {
+  alignas(64) float x[16];
+  for (int i = 0; i < 16; ++i) x[i] = (m >> i) & 1 ? tileattn::to_float(p[i]) : 0.0f;
+  return _mm512_load_ps(x);
+}
+#endif
+
+/// The 16 horizontal sums of a[0..16) as one vector (lane j: the sum of a[j]'s lanes), in
+/// generic::dot_lanes_sum's order: lanes (l, l + 2) and (l + 1, l + 3) of each 128-bit
+/// group, then those two, then groups (0 + 1) + (2 + 3).
+inline __m512 sum_lanes_16(const __m512 (&a)[16]) {
+  __m512 b[8], c[4];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+  }
+  constexpr int even = _MM_SHUFFLE(2, 0, 2, 0), odd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], even), _mm512_shuffle_f32x4(c[0], c[1], odd));
+  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], even), _mm512_shuffle_f32x4(c[2], c[3], odd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, even), _mm512_shuffle_f32x4(e0, e1, odd));
+}
+
+/// Rows (1 or 2) of C, keys j0 .. j0 + 8: 8 * Rows accumulators of 16 lanes (acc[r * 8 + j];
+/// the rest zero), reduced together by sum_lanes_16. Eight keys at a time keep the rows a
+/// block reads within an L1 set's ways even when they lie 4 KiB apart (a paged cache's rows
+/// of one head often do).
+template <int Rows, class E>
+inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const (&rows)[8], index_t nj,
+                          float* c, index_t ldc) {
+  const index_t k_full = k / lanes * lanes;
+  const __mmask16 k_tail = first_lanes(k - k_full);
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+  for (index_t p = 0; p < k_full; p += lanes) {
+    __m512 av[Rows];
+#pragma GCC unroll 2
+    for (int r = 0; r < Rows; ++r) av[r] = _mm512_loadu_ps(a + r * lda + p);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512 bv = load_floats(rows[j] + p);
+#pragma GCC unroll 2
+      for (int r = 0; r < Rows; ++r) acc[r * 8 + j] = _mm512_fmadd_ps(av[r], bv, acc[r * 8 + j]);
+    }
+  }
+  if (k_full < k) {
+    __m512 av[Rows];
+    for (int r = 0; r < Rows; ++r) av[r] = _mm512_maskz_loadu_ps(k_tail, a + r * lda + k_full);
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512 bv = load_floats(rows[j] + k_full, k_tail);
+      for (int r = 0; r < Rows; ++r) acc[r * 8 + j] = _mm512_mask3_fmadd_ps(av[r], bv, acc[r * 8 + j], k_tail);
+    }
+  }
+  const __m512 sums = sum_lanes_16(acc);
+  const __mmask16 keys = first_lanes(nj);
+  _mm512_mask_storeu_ps(c, keys, sums);
+  if constexpr (Rows == 2) _mm512_mask_storeu_ps(c + ldc - 8, static_cast<__mmask16>(keys << 8), sums);
+}
+
+/// C (Rows x Vectors*16, the last vector limited to `last`) += A B with B's row p at
+/// b_rows[p] + col0 (E converted to float as it is loaded): gemm_block's loop over rows
+/// that lie anywhere, so the sums run in the same order.
+template <int Rows, int Vectors, class E>
+inline void gemm_rows_block(index_t k, const float* a, index_t lda, const E* const* b_rows, index_t col0,
+                            float* c, index_t ldc, __mmask16 last) {
+  __m512 acc[Rows][Vectors];
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < Vectors; ++v)
+      acc[r][v] = v == Vectors - 1 ? _mm512_maskz_loadu_ps(last, c + r * ldc + v * lanes)
+                                   : _mm512_loadu_ps(c + r * ldc + v * lanes);
+  for (index_t p = 0; p < k; ++p) {
+    const E* bp = b_rows[p] + col0;
+    __m512 bv[Vectors];
+#pragma GCC unroll 4
+    for (int v = 0; v < Vectors; ++v)
+      bv[v] = v == Vectors - 1 ? load_floats(bp + v * lanes, last) : load_floats(bp + v * lanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r * lda + p]);
+#pragma GCC unroll 4
+      for (int v = 0; v < Vectors; ++v) acc[r][v] = _mm512_fmadd_ps(ar, bv[v], acc[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < Rows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < Vectors; ++v) {
+      if (v == Vectors - 1) _mm512_mask_storeu_ps(c + r * ldc + v * lanes, last, acc[r][v]);
+      else _mm512_storeu_ps(c + r * ldc + v * lanes, acc[r][v]);
+    }
+}
+
+/// All M rows of one column panel, in blocks of 8, 4, 2 and 1 rows.
+template <int Vectors, class E>
+inline void gemm_rows_panel(index_t m, index_t k, const float* a, index_t lda, const E* const* b_rows, index_t col0,
+                            float* c, index_t ldc, __mmask16 last) {
+  index_t i = 0;
+  for (; i + 8 <= m; i += 8) gemm_rows_block<8, Vectors>(k, a + i * lda, lda, b_rows, col0, c + i * ldc, ldc, last);
+  if (i + 4 <= m) gemm_rows_block<4, Vectors>(k, a + i * lda, lda, b_rows, col0, c + i * ldc, ldc, last), i += 4;
+  if (i + 2 <= m) gemm_rows_block<2, Vectors>(k, a + i * lda, lda, b_rows, col0, c + i * ldc, ldc, last), i += 2;
+  if (i < m) gemm_rows_block<1, Vectors>(k, a + i * lda, lda, b_rows, col0, c + i * ldc, ldc, last);
+}
+}  // namespace detail
+
+/// C (M x N) = A (M x K) * B^T, B given by its N rows b_rows[j] (K elements each, float,
+/// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place. While it reads
+/// keys it asks the cache for ahead[j] (ahead_bytes each; nullptr: none), the rows the next
+/// product reads. Blocks of 2 rows of A x 8 keys; each dot product sums 16 lanes, then
+/// reduces them in generic::dot_lanes_sum's order.
+template <class E>
+void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
+                  float* c, index_t ldc, const void* const* ahead = nullptr, index_t ahead_bytes = 0) {
+  for (index_t j0 = 0; j0 < n; j0 += 8) {
+    const index_t nj = n - j0 < 8 ? n - j0 : 8;
+    const E* rows[8];
+    for (index_t j = 0; j < 8; ++j) rows[j] = b_rows[j0 + (j < nj ? j : 0)];  // a real row stands in past n
+    if (ahead)
+      for (index_t j = j0; j < j0 + nj; ++j)
+        for (index_t byte = 0; byte < ahead_bytes; byte += 64)
+          _mm_prefetch(static_cast<const char*>(ahead[j]) + byte, _MM_HINT_T0);
+    index_t i = 0;
+    for (; i + 2 <= m; i += 2) detail::gemm_nt_block<2>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
+    if (i < m) detail::gemm_nt_block<1>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
+  }
+}
+
+/// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements, float, bf16 or fp16,
+/// anywhere in memory): P V with the values read in place, in gemm's order of sums.
+template <class E>
+void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
+               index_t ldc) {
+  using namespace detail;
+  if (m <= 0 || n <= 0) return;
+  const index_t last_lanes = n % lanes == 0 ? lanes : n % lanes;
+  index_t remaining = (n + lanes - 1) / lanes;
+  for (index_t j = 0; remaining > 0;) {
+    const int vectors = remaining == 4 ? 2 : remaining < block_vectors ? static_cast<int>(remaining) : block_vectors;
+    remaining -= vectors;
+    const __mmask16 last = first_lanes(remaining == 0 ? last_lanes : lanes);
+    if (vectors == 1) gemm_rows_panel<1>(m, k, a, lda, b_rows, j, c + j, ldc, last);
+    else if (vectors == 2) gemm_rows_panel<2>(m, k, a, lda, b_rows, j, c + j, ldc, last);
+    else gemm_rows_panel<3>(m, k, a, lda, b_rows, j, c + j, ldc, last);
+    j += vectors * lanes;
+  }
+}
 
 #if !defined(__AVX512BF16__)
 /// Without AVX-512 BF16 the kernels never multiply bf16 pairs; this keeps the interface whole.

@@ -2,7 +2,8 @@
 // file must match, and the fallback for targets without one.
 //
 // Every arch namespace provides the same functions with the same contracts, so ops/ and
-// memory/ can call `arch::native::` without knowing which one it got: gemm, row_max,
+// memory/ can call `arch::native::` without knowing which one it got: gemm, gemm_nt_rows,
+// gemm_rows (K and V rows read in place), row_max,
 // exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2,
 // transpose, and the 16-bit conversions to_float / from_float (and, for bf16 pair tiles,
 // interleave_pairs, interleave_rounded, round_to_pairs). An arch whose gemm also
@@ -23,6 +24,17 @@ inline constexpr const char* name = "generic";
 /// Whether forward kernels multiply bf16 tiles as bf16 pairs (else they convert to float).
 inline constexpr bool bf16_dot_product = false;
 
+/// The sum of 16 partial dot-product lanes in the order of the SIMD reduction (lane pairs
+/// (l, l + 2) within each group of 4, then (l, l + 1), then groups (g, g + 1), (g, g + 2)).
+inline float dot_lanes_sum(const float (&x)[16]) {
+  float group[4];
+  for (int g = 0; g < 4; ++g) {
+    const float* l = x + 4 * g;
+    group[g] = (l[0] + l[2]) + (l[1] + l[3]);
+  }
+  return (group[0] + group[1]) + (group[2] + group[3]);
+}
+
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
 /// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0. With TransA, A is given by its
 /// transpose (K x M, row-major): element (i, p) at a[p * lda + i] (the backward's P^T and
@@ -42,6 +54,54 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
 #else
       for (index_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
 #endif
+    }
+  }
+}
+
+/// The element as a float (storage types convert exactly).
+inline float as_float(float x) { return x; }
+template <class Half>
+float as_float(Half x) { return tileattn::to_float(x); }
+
+/// C (M x N) = A (M x K) * B^T, B given by its N rows b_rows[j] (K elements each, float,
+/// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place
+/// (ops::matmul_transposed). Each element is a dot product summed in 16 interleaved
+/// partial sums (p mod 16), then those pairwise (dot_lanes_sum), as the SIMD sets sum it.
+/// ahead (nullptr: none) names rows the caller reads next, which SIMD sets prefetch.
+template <class E>
+void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
+                  float* c, index_t ldc, const void* const* ahead = nullptr, index_t ahead_bytes = 0) {
+  (void)ahead, (void)ahead_bytes;
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      float lanes[16] = {};
+      for (index_t p = 0; p < k; ++p) {
+#if defined(__FMA__)
+        lanes[p % 16] = std::fma(a[i * lda + p], as_float(b_rows[j][p]), lanes[p % 16]);
+#else
+        lanes[p % 16] += a[i * lda + p] * as_float(b_rows[j][p]);
+#endif
+      }
+      c[i * ldc + j] = dot_lanes_sum(lanes);
+    }
+}
+
+/// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements of E, anywhere in
+/// memory): P V with the values read in place, summed over p in order as gemm does.
+template <class E>
+void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
+               index_t ldc) {
+  for (index_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    for (index_t p = 0; p < k; ++p) {
+      const float aip = a[i * lda + p];
+      for (index_t j = 0; j < n; ++j) {
+#if defined(__FMA__)
+        ci[j] = std::fma(aip, as_float(b_rows[p][j]), ci[j]);
+#else
+        ci[j] += aip * as_float(b_rows[p][j]);
+#endif
+      }
     }
   }
 }
@@ -148,6 +208,18 @@ inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) {
 inline bool all_finite(const bf16x2* x, index_t n) {
   for (index_t j = 0; j < n; ++j)
     if ((x[j].lo.bits & 0x7f80) == 0x7f80 || (x[j].hi.bits & 0x7f80) == 0x7f80) return false;
+  return true;
+}
+
+/// True when no x[j] (bf16 or fp16 storage, read in place) is Inf or NaN.
+inline bool all_finite(const bf16* x, index_t n) {
+  for (index_t j = 0; j < n; ++j)
+    if ((x[j].bits & 0x7f80) == 0x7f80) return false;
+  return true;
+}
+inline bool all_finite(const fp16* x, index_t n) {
+  for (index_t j = 0; j < n; ++j)
+    if ((x[j].bits & 0x7c00) == 0x7c00) return false;
   return true;
 }
 

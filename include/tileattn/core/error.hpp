@@ -1,6 +1,8 @@
-// tileattn/core/error.hpp: the exceptions tileattn throws, each naming the bad parameter.
+// tileattn/core/error.hpp: the exceptions tileattn throws: invalid arguments, each naming the bad
+// parameter, and a KV cache pool with too few free pages.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -27,6 +29,23 @@ class invalid_argument : public std::invalid_argument {
 class budget_error : public invalid_argument {
  public:
   using invalid_argument::invalid_argument;
+};
+
+/// Thrown by KvCache (kv_cache.hpp) when extend, append or a copy-on-write needs more free
+/// pages than the pool has: `needed()` pages, `available()` free. Nothing has changed.
+class out_of_pages : public std::runtime_error {
+ public:
+  out_of_pages(std::int64_t needed, std::int64_t available)
+      : std::runtime_error("tileattn: out of pages: need " + std::to_string(needed) + ", " +
+                           std::to_string(available) + " free"),
+        needed_(needed),
+        available_(available) {}
+
+  std::int64_t needed() const noexcept { return needed_; }
+  std::int64_t available() const noexcept { return available_; }
+
+ private:
+  std::int64_t needed_, available_;
 };
 
 namespace detail {

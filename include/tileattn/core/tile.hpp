@@ -3,7 +3,9 @@
 // A Tile has a capacity fixed when it is carved and a current extent (rows x cols) that a
 // kernel shrinks for the partial tiles at the end of a sequence. Cols may be fixed at
 // compile time (head_dim), so loops over a head vector unroll. Rows are padded to whole
-// cache lines: row(r) is always 64-byte aligned.
+// cache lines: row(r) is always 64-byte aligned. RowRefs is the tile a load fills without
+// copying: pointers to rows that stay in main memory (K and V read in place when few
+// query rows share them).
 #pragma once
 
 #include <cassert>
@@ -101,6 +103,39 @@ class Tile {
   index_t rows_ = 0, cols_ = 0;
   index_t capacity_rows_ = 0, capacity_cols_ = 0;
   index_t ld_ = 0;
+};
+
+/// A tile of rows read in place: row r is the main-memory row rows[r] (cols contiguous
+/// elements). Carved like a tile (Bc pointers); tile IO's load_row_refs fills it and counts
+/// the bytes the products will read.
+template <class T>
+class RowRefs {
+ public:
+  using element_type = T;
+  static constexpr std::size_t footprint(index_t rows) {
+    return round_up_to_line(static_cast<std::size_t>(rows) * sizeof(const T*));
+  }
+  static RowRefs carve(ScratchArena& arena, index_t capacity) {
+    RowRefs t;
+    t.rows_ = arena.carve<const T*>(static_cast<std::size_t>(capacity));
+    t.capacity_ = capacity;
+    return t;
+  }
+  void set_extent(index_t rows, index_t cols) {
+    assert(rows >= 0 && rows <= capacity_);
+    count_ = rows;
+    cols_ = cols;
+  }
+  index_t rows() const { return count_; }
+  index_t cols() const { return cols_; }
+  const T* const* data() const { return rows_; }
+  const T*& row_ref(index_t r) const { return rows_[r]; }
+  const T* row(index_t r) const { return rows_[r]; }
+  T operator()(index_t r, index_t c) const { return rows_[r][c]; }
+
+ private:
+  const T** rows_ = nullptr;
+  index_t count_ = 0, cols_ = 0, capacity_ = 0;
 };
 
 /// A per-row statistic of a query tile (running max, running sum): one float per row.

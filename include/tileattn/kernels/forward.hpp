@@ -56,11 +56,26 @@ constexpr index_t operand_cols(index_t n) {
   return std::is_same_v<Op, bf16x2> ? (n + 1) / 2 : n;
 }
 
+/// Query rows per K/V group (positions x query heads) up to which a sequence reads K and V
+/// in place instead of packing them into SRAM tiles: decoding and short verify steps,
+/// where a packed K^T or V tile would serve too few rows to pay for the copy (docs/paged.md).
+inline constexpr index_t in_place_max_rows = 8;
+
+/// Whether sequence `seq`'s work items read K and V in place: head vectors contiguous in
+/// memory, and at most in_place_max_rows query rows per K/V group. A property of the
+/// sequence's shape alone, so every tiling and thread count agrees.
+template <class T>
+bool reads_kv_in_place(const ForwardParams<T>& p, const SequenceRange& seq) {
+  return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
+         seq.q_len * p.group_size() <= in_place_max_rows;
+}
+
 /// Everything one forward work item keeps in SRAM. Footprint: forward_working_set_bytes.
 /// Op is float or bf16x2 (tile_operand_t); S and O accumulate in float either way.
 template <class Op>
 struct ForwardTiles {
   static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
+  static constexpr bool in_place = false;
   Tile<Op> q;             // (Br, d) packed queries
   Tile<Op> k_t;           // (d, Bc) keys, transposed
   Tile<Op> v;             // (Bc, dv) values
@@ -81,6 +96,40 @@ struct ForwardTiles {
     t.o = Tile<float>::carve(arena, br, dv);
     t.stats = ops::RowStats::carve(arena, br);
     t.lse = TileVector<float>::carve(arena, br);
+    return t;
+  }
+};
+
+/// What a work item that reads K and V in place keeps in SRAM: float Q, S, O and the row
+/// statistics as ForwardTiles, and instead of K^T and V tiles, the addresses of the key
+/// and value rows of this key tile and of the next tile's keys (storage type T, converted
+/// in registers by the products).
+template <class T>
+struct InPlaceTiles {
+  static constexpr bool pairs = false;
+  static constexpr bool in_place = true;
+  Tile<float> q, s, o;
+  ops::RowStats stats;
+  TileVector<float> lse;
+  RowRefs<T> k_rows, v_rows, k_next;
+
+  static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv) {
+    return Tile<float>::footprint(br, d) + Tile<float>::footprint(br, bc) + Tile<float>::footprint(br, dv) +
+           3 * TileVector<float>::footprint(br) + 3 * RowRefs<T>::footprint(bc);
+  }
+  /// Rows of a work item that reads in place: at most in_place_max_rows.
+  static index_t rows(const TilePlan& plan) { return std::min(plan.packed_rows(), in_place_max_rows); }
+  static InPlaceTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
+    const index_t br = rows(plan), bc = plan.key_tile_rows;
+    InPlaceTiles t;
+    t.q = Tile<float>::carve(arena, br, d);
+    t.s = Tile<float>::carve(arena, br, bc);
+    t.o = Tile<float>::carve(arena, br, dv);
+    t.stats = ops::RowStats::carve(arena, br);
+    t.lse = TileVector<float>::carve(arena, br);
+    t.k_rows = RowRefs<T>::carve(arena, bc);
+    t.v_rows = RowRefs<T>::carve(arena, bc);
+    t.k_next = RowRefs<T>::carve(arena, bc);
     return t;
   }
 };
@@ -113,37 +162,97 @@ struct PagedKv {
   }
 };
 
+/// Rows read in place that the products request from memory while they work: V of this
+/// tile during Q K^T, K of the next tile during P V (FlashAttention-3's overlap of the next
+/// tile's copy with this tile's math, with the cache as the copy engine).
+template <class E>
+struct ReadAhead {
+  const RowRefs<E>* during_scores = nullptr;
+  const RowRefs<E>* during_values = nullptr;
+};
+struct NoReadAhead {};
+
+namespace detail {
+/// S = Q K^T from a K^T tile or from key rows read in place; O += P V likewise.
+template <class Op>
+void scores(Tile<float>& s, const Tile<Op>& q, const Tile<Op>& k_t, NoReadAhead) { ops::matmul(s, q, k_t); }
+template <class E>
+void scores(Tile<float>& s, const Tile<float>& q, const RowRefs<E>& k, const ReadAhead<E>& ahead) {
+  ops::matmul_transposed(s, q, k, ahead.during_scores);
+}
+template <class Op>
+void add_values(Tile<float>& o, const Tile<Op>& p, const Tile<Op>& v, NoReadAhead) { ops::matmul_accumulate(o, p, v); }
+template <class E>
+void add_values(Tile<float>& o, const Tile<float>& p, const RowRefs<E>& v, const ReadAhead<E>& ahead) {
+  ops::matmul_accumulate(o, p, v, ahead.during_values);
+}
+}  // namespace detail
+
 /// One key tile's work for the packed rows `rows`, which start at row first_row of the
-/// tiles. A V tile with an Inf or NaN takes the row-by-row path that never multiplies it
-/// by the zero probability of a masked key.
-template <class Op, class Io>
-void attend_key_tile(ForwardTiles<Op>& t, const ops::ScoreModifiers& mods,
-                     const ops::PackedRows& rows, index_t first_row, index_t col0,
-                     bool values_finite, Io& io) {
+/// tiles, with K and V as tiles (k_t, v) or read in place (RowRefs). A V tile with an Inf
+/// or NaN takes the row-by-row path that never multiplies it by the zero probability of a
+/// masked key.
+template <class Tiles, class KeyOperand, class ValueOperand, class Ahead, class Io>
+void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const ops::ScoreModifiers& mods,
+                     const ops::PackedRows& rows, index_t first_row, index_t col0, bool values_finite,
+                     const Ahead& ahead, Io& io) {
   if (rows.count() == 0) return;
-  const Tile<Op> q = t.q.slice_rows(first_row, rows.count());
+  const auto q = t.q.slice_rows(first_row, rows.count());
   Tile<float> o = t.o.slice_rows(first_row, rows.count());
   Tile<float> s = t.s.slice_rows(first_row, rows.count());
   ops::RowStats stats = t.stats.slice(first_row, rows.count());
-  ops::matmul(s, q, t.k_t);                                        // (rows, Bc) raw scores
+  detail::scores(s, q, k, ahead);                                  // (rows, Bc) raw scores
   mods.apply(s, rows, col0, io);                                   // softcap, biases, masks
   if (values_finite) {
-    if constexpr (ForwardTiles<Op>::pairs) {
-      Tile<Op> p = t.p.slice_rows(first_row, rows.count());
+    if constexpr (Tiles::pairs) {
+      auto p = t.p.slice_rows(first_row, rows.count());
       ops::online_softmax_step(s, stats, o, mods.to_log2(), &p);   // p := P in bf16, as on GPUs
-      ops::matmul_accumulate(o, p, t.v);                           // (rows, dv)
+      detail::add_values(o, p, v, ahead);                          // (rows, dv)
     } else {
       ops::online_softmax_step(s, stats, o, mods.to_log2());       // s := P (rows, Bc)
-      ops::matmul_accumulate(o, s, t.v);                           // (rows, dv)
+      detail::add_values(o, s, v, ahead);                          // (rows, dv)
     }
   } else {
-    ops::online_softmax_step_visible_values(s, stats, o, t.v, mods.to_log2());
+    ops::online_softmax_step_visible_values(s, stats, o, v, mods.to_log2());
   }
 }
 
-template <class Kv, class T, class Op, class Io>
-void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan,
-                         const QueryBlock& blk, ForwardTiles<Op>& t, Io& io) {
+/// Every packed row's work on one key tile, or, where the window hides some of them from
+/// this tile, each head's rows that see it (rows masked off are not computed).
+template <class Tiles, class KeyOperand, class ValueOperand, class Ahead, class Io>
+void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, const ops::ScoreModifiers& mods,
+                         const ops::PackedRows& rows, index_t col0, index_t cols, const Ahead& ahead, Io& io) {
+  const bool values_finite = ops::all_finite(v);
+  const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
+  if (hi - lo == rows.positions) {
+    attend_key_tile(t, k, v, mods, rows, 0, col0, values_finite, ahead, io);
+    return;
+  }
+  for (index_t g = 0; g < rows.heads; ++g)
+    attend_key_tile(t, k, v, mods, {rows.head0 + g, 1, lo, hi - lo}, g * rows.positions + lo - rows.position0,
+                    col0, values_finite, g == 0 ? ahead : Ahead{}, io);
+}
+
+/// The key loop with K and V read in place: the tile's key and value rows are pointers into
+/// main memory (counted as read once); while Q K^T reads this tile's keys it requests its
+/// values, and while P V reads them it requests the next tile's keys.
+template <class T, class Src, class Io>
+void attend_in_place(InPlaceTiles<T>& t, const Src& k, const Src& v, const ops::ScoreModifiers& mods,
+                     const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
+  if (col_begin < key_end) load_row_refs(t.k_rows, k, col_begin, std::min(bc, key_end - col_begin), io);
+  for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
+    const index_t cols = std::min(bc, key_end - col0), next = col0 + cols;
+    load_row_refs(t.v_rows, v, col0, cols, io);
+    t.k_next.set_extent(0, k.cols);
+    if (next < key_end) load_row_refs(t.k_next, k, next, std::min(bc, key_end - next), io);
+    attend_visible_rows(t, t.k_rows, t.v_rows, mods, rows, col0, cols, ReadAhead<T>{&t.v_rows, &t.k_next}, io);
+    std::swap(t.k_rows, t.k_next);
+  }
+}
+
+template <class Kv, class T, class Tiles, class Io>
+void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan, const QueryBlock& blk, Tiles& t,
+                         Io& io) {
   const SequenceRange& seq = blk.range;
   const ops::PackedRows& rows = blk.rows;
   const ops::ScoreModifiers mods(p, blk.sequence, seq);
@@ -153,11 +262,12 @@ void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan,
   const auto k = Kv::matrix(p, p.k, blk);
   const auto v = Kv::matrix(p, p.v, blk);
 
+  using QOp = typename decltype(t.q)::element_type;
   for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, d) per head
-    Tile<Op> q_head = t.q.slice_rows(g * rows.positions, rows.positions);
+    auto q_head = t.q.slice_rows(g * rows.positions, rows.positions);
     load_rows(q_head, q_of(p.q, g), rows.position0, rows.positions, io);
   }
-  t.q.set_extent(rows.count(), operand_cols<Op>(p.head_dim()));    // (Br, d)
+  t.q.set_extent(rows.count(), operand_cols<QOp>(p.head_dim()));   // (Br, d)
   t.o.set_extent(rows.count(), p.head_dim_v());                    // (Br, dv)
   ops::fill(t.o, 0.0f);
   t.stats.reset(rows.count());
@@ -168,7 +278,20 @@ void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan,
   const index_t bc = plan.key_tile_rows;
   const index_t key_end = std::min(blk.key_end, mods.window().end(rows.position0 + rows.positions - 1));
   const index_t key_first = std::max(blk.key_begin, mods.window().first(rows.position0));
-  for (index_t col0 = key_first / bc * bc; col0 < key_end; col0 += bc) {
+  const index_t col_begin = key_first / bc * bc;
+  if constexpr (Tiles::in_place) {
+    attend_in_place(t, k, v, mods, rows, col_begin, key_end, bc, io);
+  } else {
+    attend_packed(t, k, v, mods, rows, col_begin, key_end, bc, io);
+  }
+  finish_query_block(p, blk, t, io);
+}
+
+/// The key loop with K^T and V packed into SRAM tiles, the next tile's rows prefetched.
+template <class Op, class Src, class Io>
+void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, const ops::ScoreModifiers& mods,
+                   const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
+  for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
     const index_t cols = std::min(bc, key_end - col0);
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
     load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
@@ -176,24 +299,19 @@ void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan,
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
     }
-    const bool values_finite = ops::all_finite(t.v);
-    const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
-    if (hi - lo == rows.positions) {
-      attend_key_tile(t, mods, rows, 0, col0, values_finite, io);  // every packed row
-    } else {                                                       // rows masked off are not computed
-      for (index_t g = 0; g < rows.heads; ++g)
-        attend_key_tile(t, mods, {rows.head0 + g, 1, lo, hi - lo},
-                        g * rows.positions + lo - rows.position0, col0, values_finite, io);
-    }
+    attend_visible_rows(t, t.k_t, t.v, mods, rows, col0, cols, NoReadAhead{}, io);
   }
+}
 
+template <class T, class Tiles, class Io>
+void finish_query_block(const ForwardParams<T>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   if (blk.partial >= 0) store_partial_state(p, blk, t, io);
   else store_output(p, blk, t, io);
 }
 
 /// o /= l, lse; O and LSE stored (sinks folded in).
-template <class T, class Op, class Io>
-void store_output(const ForwardParams<T>& p, const QueryBlock& blk, ForwardTiles<Op>& t, Io& io) {
+template <class T, class Tiles, class Io>
+void store_output(const ForwardParams<T>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
   const ops::PackedRows& rows = blk.rows;
@@ -219,8 +337,8 @@ MatrixView<float> accum_matrix(const ForwardParams<T>& p, index_t first, index_t
 
 /// One key chunk's partial state: O normalized over the chunk and the chunk's LSE, no
 /// sink (the merge adds it once), to o_accum / lse_accum.
-template <class T, class Op, class Io>
-void store_partial_state(const ForwardParams<T>& p, const QueryBlock& blk, ForwardTiles<Op>& t, Io& io) {
+template <class T, class Tiles, class Io>
+void store_partial_state(const ForwardParams<T>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   const ops::PackedRows& rows = blk.rows;
   for (index_t g = 0; g < rows.heads; ++g) {
     const index_t r0 = g * rows.positions, first = blk.partial + (rows.head0 + g) * blk.range.q_len;
@@ -255,11 +373,19 @@ template <class Io, class Kv = ContiguousKv, class T>
 IoCounts run_forward(const ForwardParams<T>& p, const TilePlan& plan, const ForwardWorkList& work,
                      const Execution& exec) {
   using Op = tile_operand_t<T>;
+  const std::size_t in_place_bytes =
+      InPlaceTiles<T>::footprint(InPlaceTiles<T>::rows(plan), plan.key_tile_rows, p.head_dim(), p.head_dim_v());
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
   parallel_for(exec, work.size(), [&](index_t item, int worker) {
-    auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan,
-                                         p.head_dim(), p.head_dim_v());
-    forward_query_block<Kv>(p, plan, work[item], tiles, io[static_cast<std::size_t>(worker)]);
+    const QueryBlock blk = work[item];
+    Io& counter = io[static_cast<std::size_t>(worker)];
+    if (reads_kv_in_place(p, blk.range)) {
+      auto tiles = InPlaceTiles<T>::carve(worker_scratch(in_place_bytes), plan, p.head_dim(), p.head_dim_v());
+      forward_query_block<Kv>(p, plan, blk, tiles, counter);
+    } else {
+      auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(), p.head_dim_v());
+      forward_query_block<Kv>(p, plan, blk, tiles, counter);
+    }
   });
   const auto merges = static_cast<index_t>(work.merges().size()) * p.heads();
   if (merges > 0) {

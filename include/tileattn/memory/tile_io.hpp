@@ -175,16 +175,37 @@ void load_rows_pairwise(Tile<float, Cols>& dst, const PagedMatrixView<const S>& 
   load_rows(dst, src, row0, rows, io);
 }
 
+/// dst[r] = &src[row0 + r, 0] for r in [0, rows): K or V rows read in place (src's rows
+/// must be contiguous, col_stride 1). Counts the bytes the products will read, once.
+template <class Src, class Io>
+void load_row_refs(RowRefs<std::remove_const_t<typename Src::element_type>>& dst, const Src& src,
+                   index_t row0, index_t rows, Io& io) {
+  using S = std::remove_const_t<typename Src::element_type>;
+  dst.set_extent(rows, src.cols);
+  if constexpr (std::is_same_v<Src, PagedMatrixView<const S>>) {  // one table lookup per page
+    src.for_each_page_run(row0, rows, [&](const MatrixView<const S>& run, index_t at) {
+      for (index_t r = 0; r < run.rows; ++r) dst.row_ref(at + r) = run.row(r);
+    });
+  } else {
+    for (index_t r = 0; r < rows; ++r) dst.row_ref(r) = src.row(row0 + r);
+  }
+  io.read(static_cast<std::uint64_t>(rows * src.cols) * sizeof(S));
+}
+
 /// Asks the cache hierarchy for rows [row0, row0 + rows) of src ahead of their load (into
 /// L2: the CPU's stand-in for FlashAttention-3's asynchronous copy of the next K/V tile
 /// while the current one is computed). Moves no data through the IO counter.
-template <class Src>
-void prefetch_rows(const Src& src, index_t row0, index_t rows) {
-  using S = std::remove_const_t<typename Src::element_type>;
+template <class S>
+void prefetch_rows(const MatrixView<const S>& src, index_t row0, index_t rows) {
   constexpr index_t line = static_cast<index_t>(cache_line_bytes / sizeof(S));
   const index_t span = (src.cols - 1) * src.col_stride + 1;
   for (index_t r = row0; r < row0 + rows; ++r)
     for (index_t c = 0; c < span; c += line) __builtin_prefetch(src.row(r) + c, 0, 2);
+}
+
+template <class S>
+void prefetch_rows(const PagedMatrixView<const S>& src, index_t row0, index_t rows) {
+  src.for_each_page_run(row0, rows, [](const MatrixView<const S>& run, index_t) { prefetch_rows(run, 0, run.rows); });
 }
 
 /// dst[row0 + r, :] = src[r, :] for r in [0, src.rows()), rounded once to D's precision

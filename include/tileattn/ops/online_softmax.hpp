@@ -129,12 +129,16 @@ void online_softmax_step(ScoreTile& s, RowStats& stats, AccTile& o, float to_log
 namespace detail {
 /// Value (key j, column c) of a V tile: float, or one half of a bf16 row pair.
 inline float value_at(const Tile<float>& v, index_t j, index_t c) { return v(j, c); }
+template <class E>
+float value_at(const RowRefs<E>& v, index_t j, index_t c) { return to_float(v(j, c)); }
 inline float value_at(const Tile<bf16x2>& v, index_t j, index_t c) {
   const bf16x2 pair = v(j / 2, c);
   return to_float(j % 2 ? pair.hi : pair.lo);
 }
 /// A probability as the P V product sees it: as is, or rounded to bf16 for pair tiles.
 inline float probability_as(const Tile<float>&, float p) { return p; }
+template <class E>
+float probability_as(const RowRefs<E>&, float p) { return p; }
 inline float probability_as(const Tile<bf16x2>&, float p) { return to_float(bf16(p)); }
 }  // namespace detail
 

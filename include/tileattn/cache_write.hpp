@@ -1,0 +1,143 @@
+// tileattn/cache_write.hpp: page pools of a paged K/V cache and write_kv_slots(), which copies
+// new K/V rows into them by slot mapping (vLLM's reshape_and_cache).
+//
+// Slot s is row s % page_size of page s / page_size; token i of k_new/v_new goes to slot
+// slot_mapping[i] of k_cache/v_cache, and slot -1 skips the token (a padding token):
+//
+//   std::vector<float> k_pool(P * S * Hkv * D), v_pool(P * S * Hkv * D);
+//   std::vector<std::int64_t> slots{3 * S + 0, 3 * S + 1, -1};   // tokens 0, 1 to page 3
+//   tileattn::write_kv_slots(tileattn::make_thd(k.data(), 3, Hkv, D),   // make_thd: forward.hpp
+//                            tileattn::make_thd(v.data(), 3, Hkv, D), slots,
+//                            tileattn::make_page_pool(k_pool.data(), P, S, Hkv, D),
+//                            tileattn::make_page_pool(v_pool.data(), P, S, Hkv, D));
+//
+// Every argument is checked before anything is written; a bad one throws
+// tileattn::invalid_argument naming it.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <iterator>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tileattn/core/half_types.hpp"
+#include "tileattn/core/strided_view.hpp"
+#include "tileattn/detail/view_checks.hpp"
+
+namespace tileattn {
+
+/// Page pool of a paged K or V cache: [num_pages, page_size, heads_kv, head_dim]
+/// (FlashAttention's and vLLM's layout), any non-negative strides.
+template <class T>
+using PagePoolView = TensorView<T>;
+
+/// A view over a contiguous [num_pages, page_size, heads_kv, head_dim] buffer.
+template <class T>
+PagePoolView<T> make_page_pool(T* data, index_t num_pages, index_t page_size, index_t heads_kv,
+                               index_t head_dim) {
+  return {data,
+          {num_pages, page_size, heads_kv, head_dim},
+          {page_size * heads_kv * head_dim, heads_kv * head_dim, head_dim, 1}};
+}
+
+namespace detail {
+
+inline constexpr std::array<const char*, 3> new_k_dims{"num_tokens", "heads_kv", "head_dim"};
+inline constexpr std::array<const char*, 3> new_v_dims{"num_tokens", "heads_kv", "head_dim_v"};
+inline constexpr std::array<const char*, 4> k_pool_dims{"num_pages", "page_size", "heads_kv", "head_dim"};
+inline constexpr std::array<const char*, 4> v_pool_dims{"num_pages", "page_size", "heads_kv", "head_dim_v"};
+inline constexpr EmptyExtents<3> tokens_may_be_empty{true, false, false};
+
+/// rows [num_tokens, heads_kv, head_dim] has the pool's heads_kv and head_dim.
+template <class T, class U>
+void check_rows_match_pool(const StridedView<T, 3>& rows, const std::string& rows_name,
+                           const std::array<const char*, 3>& rows_dims, const PagePoolView<U>& pool,
+                           const std::string& pool_name) {
+  for (int d : {1, 2})
+    require(rows.shape[d] == pool.shape[d + 1], dim_name(rows_name, "shape", d, rows_dims[d]),
+            "must equal " + pool_name + ".shape[" + std::to_string(d + 1) + "] = " +
+                std::to_string(pool.shape[d + 1]) + ", got " + std::to_string(rows.shape[d]));
+}
+
+/// The views and shapes of a slot write; the new rows must not overlap the pools.
+template <class T>
+void check_kv_write(const StridedView<const T, 3>& k_new, const StridedView<const T, 3>& v_new,
+                    const PagePoolView<T>& k_cache, const PagePoolView<T>& v_cache) {
+  check_view(k_new, "k_new", new_k_dims, tokens_may_be_empty);
+  check_view(v_new, "v_new", new_v_dims, tokens_may_be_empty);
+  check_view(k_cache, "k_cache", k_pool_dims);
+  check_view(v_cache, "v_cache", v_pool_dims);
+  check_no_self_overlap(k_cache, "k_cache");
+  check_no_self_overlap(v_cache, "v_cache");
+  check_same_extent(k_cache, "k_cache", v_cache, "v_cache", 0, "num_pages");
+  check_same_extent(k_cache, "k_cache", v_cache, "v_cache", 1, "page_size");
+  check_same_extent(k_new, "k_new", v_new, "v_new", 0, "num_tokens");
+  check_rows_match_pool(k_new, "k_new", new_k_dims, k_cache, "k_cache");
+  check_rows_match_pool(v_new, "v_new", new_v_dims, v_cache, "v_cache");
+  check_disjoint(k_cache, "k_cache", k_new, "k_new");
+  check_disjoint(k_cache, "k_cache", v_new, "v_new");
+  check_disjoint(v_cache, "v_cache", k_new, "k_new");
+  check_disjoint(v_cache, "v_cache", v_new, "v_new");
+}
+
+/// One slot per token, each in [-1, num_slots), no slot twice.
+inline void check_slot_mapping(std::span<const std::int64_t> slots, index_t num_tokens,
+                               index_t num_slots) {
+  require(static_cast<index_t>(slots.size()) == num_tokens, "slot_mapping",
+          "has " + std::to_string(slots.size()) + " entries, k_new has " + std::to_string(num_tokens) +
+              " tokens");
+  std::vector<std::pair<std::int64_t, std::size_t>> used;  // (slot, index), slots >= 0
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    require(slots[i] >= -1 && slots[i] < num_slots, "slot_mapping",
+            "slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slots[i]) +
+                " is outside [-1, num_pages x page_size = " + std::to_string(num_slots) + ")");
+    if (slots[i] >= 0) used.emplace_back(slots[i], i);
+  }
+  std::sort(used.begin(), used.end());
+  const auto twice = std::adjacent_find(used.begin(), used.end(),
+                                        [](const auto& a, const auto& b) { return a.first == b.first; });
+  if (twice == used.end()) return;
+  throw invalid_argument("slot_mapping", "duplicate: slot_mapping[" + std::to_string(twice->second) +
+                                             "] and slot_mapping[" + std::to_string(std::next(twice)->second) +
+                                             "] are both slot " + std::to_string(twice->first));
+}
+
+/// pool[page, row, :, :] = rows[token, :, :].
+template <class T>
+void copy_token(const StridedView<const T, 3>& rows, index_t token, const PagePoolView<T>& pool,
+                index_t page, index_t row) {
+  for (index_t h = 0; h < rows.shape[1]; ++h)
+    for (index_t d = 0; d < rows.shape[2]; ++d) pool(page, row, h, d) = rows(token, h, d);
+}
+
+}  // namespace detail
+
+/// Writes token i's K/V rows into slot slot_mapping[i] (page slot / page_size, row
+/// slot % page_size) of k_cache and v_cache; slot -1 skips the token.
+/// k_new [num_tokens, heads_kv, head_dim], v_new [num_tokens, heads_kv, head_dim_v], the
+/// caches' page pools [num_pages, page_size, heads_kv, head_dim(_v)]; T is float, bf16 or
+/// fp16. T is deduced from the caches, so k_new and v_new may be const or not.
+template <class T>
+void write_kv_slots(std::type_identity_t<StridedView<const T, 3>> k_new,
+                    std::type_identity_t<StridedView<const T, 3>> v_new,
+                    std::span<const std::int64_t> slot_mapping, PagePoolView<T> k_cache,
+                    PagePoolView<T> v_cache) {
+  static_assert(storage_type<T>, "tileattn: write_kv_slots: the caches must hold float, bf16 or fp16");
+  detail::check_kv_write(k_new, v_new, k_cache, v_cache);
+  const index_t page_size = k_cache.shape[1];
+  detail::check_slot_mapping(slot_mapping, k_new.shape[0], k_cache.shape[0] * page_size);
+  for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
+    const std::int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    const auto token = static_cast<index_t>(i);
+    detail::copy_token(k_new, token, k_cache, slot / page_size, slot % page_size);
+    detail::copy_token(v_new, token, v_cache, slot / page_size, slot % page_size);
+  }
+}
+
+}  // namespace tileattn

@@ -1,0 +1,373 @@
+// tileattn/kv_cache.hpp: the paged KV cache manager: a pool of fixed-size pages per layer,
+// a block table per sequence, and pages shared between sequences by reference count
+// (vLLM's block manager; the pools and tables have FlashAttention's paged-KV layout).
+//
+//   tileattn::KvCache<tileattn::bf16> cache({.num_layers = 32, .num_pages = 4096,
+//                                            .page_size = 16, .heads_kv = 8, .head_dim = 128});
+//   const tileattn::SequenceId prompt = cache.create();
+//   // A model step: reserve the new tokens once, then each layer writes its K/V and attends.
+//   cache.extend(prompt, n);                          // pages as needed (copy-on-write)
+//   const auto tables = cache.batch(std::vector{prompt});  // keep it alive: views point into it
+//   for (layer l) {
+//     cache.write(l, prompt, k_new, v_new);           // [n, heads_kv, head_dim]: the last n positions
+//     tileattn::forward_paged(q, cache.k_pages(l), cache.v_pages(l), tables.block_table_view(),
+//                             tables.seqlens(), o, lse, options);
+//   }
+//   const tileattn::SequenceId beam = cache.fork(prompt);  // shares every page
+//   cache.append(beam, k_all, v_all);  // K/V known for every layer up front: [num_layers, n, ...]
+//   cache.truncate(beam, cache.length(beam) - 2);     // roll back rejected draft tokens
+//
+// Pages. A sequence of length L holds ceil(L / page_size) pages, its block table pages();
+// token t lies in row t % page_size of page pages()[t / page_size], in every layer's K and V
+// pool. A page is free (reference count 0, on the free list) or held by its count of
+// sequences. extend and append take the lowest-numbered free pages; fork and share_prefix add
+// a reference to pages that exist; truncate and free drop references, and a page whose count
+// reaches 0 goes back on the free list. Pages are never cleared: positions that extend
+// reserved and nothing wrote yet hold stale values.
+//
+// Copy-on-write. A sequence writes only into pages it holds alone (count 1). The one shared
+// page a sequence can write into next is its partly filled last page (after fork, or
+// share_prefix of a token count that is not a multiple of page_size), so extend, when
+// length % page_size != 0 and that page's count is > 1, first copies it (K and V, every layer)
+// into a fresh page and drops one reference of the old one. Full shared pages are never written
+// again (new tokens go to new pages), so they are never copied. write() into a shared page is
+// an invalid_argument.
+//
+// Errors. Every call checks its arguments before it changes anything; a bad one throws
+// tileattn::invalid_argument naming it ("sequence" for an unknown or freed id). extend and
+// append throw out_of_pages (core/error.hpp) when too few pages are free, with every sequence
+// and page as it was.
+//
+// Threads. A KvCache has no lock inside. Const calls (length, pages, batch, the const
+// k_pages/v_pages, the counts) and the non-const k_pages/v_pages (which only make views) may
+// run concurrently with each other and with kernels reading the pools. The other calls
+// (create, fork, share_prefix, extend, write, append, truncate, free) need exclusive access:
+// no other call on the cache and no kernel reading its pools at the same time (one thread, or
+// an external lock). The pools never move, so views of them stay valid for the cache's
+// lifetime; a span from pages() is valid until the next mutating call.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tileattn/cache_write.hpp"
+#include "tileattn/core/error.hpp"
+#include "tileattn/core/half_types.hpp"
+#include "tileattn/detail/view_checks.hpp"
+#include "tileattn/memory/line_aligned.hpp"
+
+namespace tileattn {
+
+struct KvCacheConfig {
+  index_t num_layers = 1;
+  index_t num_pages = 0;   // pages in the pool (every layer has the same pages)
+  index_t page_size = 16;  // tokens per page, any value >= 1
+  index_t heads_kv = 0;
+  index_t head_dim = 0;
+  index_t head_dim_v = 0;  // 0: head_dim
+};
+
+using SequenceId = std::int64_t;
+
+template <class T>
+class KvCache {
+  static_assert(storage_type<T>, "tileattn: KvCache holds float, tileattn::bf16 or tileattn::fp16");
+
+ public:
+  /// Sequence lengths are int32 (cache_seqlens), and so are page ids (block tables).
+  static constexpr index_t max_length = std::numeric_limits<std::int32_t>::max();
+
+  /// A batch's block table [batch, max_pages] (rows padded with page 0; max_pages >= 1) and
+  /// its cache_seqlens [batch], as forward_paged takes them.
+  struct BatchTables {
+    std::vector<std::int32_t> block_table;
+    std::vector<std::int32_t> cache_seqlens;
+    index_t max_pages = 1;
+
+    StridedView<const std::int32_t, 2> block_table_view() const {
+      return {block_table.data(), {static_cast<index_t>(cache_seqlens.size()), max_pages}, {max_pages, 1}};
+    }
+    std::span<const std::int32_t> seqlens() const { return cache_seqlens; }
+  };
+
+  explicit KvCache(const KvCacheConfig& config) : config_(checked(config)) {
+    const auto pool = [&](index_t dim) {
+      const index_t elements = config_.num_pages * config_.page_size * config_.heads_kv * dim;
+      return Pool(static_cast<std::size_t>(elements));
+    };
+    for (index_t l = 0; l < config_.num_layers; ++l) {
+      k_pools_.push_back(pool(config_.head_dim));
+      v_pools_.push_back(pool(config_.head_dim_v));
+    }
+    ref_counts_.assign(static_cast<std::size_t>(config_.num_pages), 0);
+    std::vector<std::int32_t> all(static_cast<std::size_t>(config_.num_pages));  // ascending: a min-heap
+    for (std::size_t p = 0; p < all.size(); ++p) all[p] = static_cast<std::int32_t>(p);
+    free_list_ = FreeList(std::greater<>{}, std::move(all));  // capacity num_pages: pushes never allocate
+  }
+
+  /// A new empty sequence.
+  SequenceId create() { return add(Sequence{}); }
+
+  /// A new sequence holding all of parent's pages (one more reference each), same length.
+  SequenceId fork(SequenceId parent) { return share_prefix(parent, length(parent)); }
+
+  /// A new sequence holding source's first `tokens` tokens: their pages gain a reference (a
+  /// partly used last page too, copied when the new sequence first extends into it).
+  SequenceId share_prefix(SequenceId source, index_t tokens) {
+    const Sequence& s = at(source);
+    require_in(tokens >= 0 && tokens <= s.length, "tokens", "[0, length = " + std::to_string(s.length) + "]",
+               tokens);
+    const SequenceId id = add({{s.pages.begin(), s.pages.begin() + pages_for(tokens)}, tokens});
+    for (std::int32_t p : at(id).pages) ++ref_counts_[static_cast<std::size_t>(p)];
+    return id;
+  }
+
+  /// Reserves n more positions: takes the pages they need and copies a shared, partly filled
+  /// last page (copy-on-write). Throws out_of_pages, changing nothing, when too few are free.
+  void extend(SequenceId sequence, index_t n) {
+    Sequence& s = at(sequence);
+    require_in(n >= 0 && n <= max_length - s.length, "n",
+               "[0, 2^31 - 1 - length = " + std::to_string(max_length - s.length) + "]", n);
+    if (n == 0) return;
+    const bool copy = s.length % page_size() != 0 && ref_counts_[static_cast<std::size_t>(s.pages.back())] > 1;
+    const index_t new_pages = pages_for(s.length + n) - static_cast<index_t>(s.pages.size());
+    if (new_pages + copy > free_pages()) throw out_of_pages(new_pages + copy, free_pages());
+    s.pages.reserve(s.pages.size() + static_cast<std::size_t>(new_pages));  // the last call that may throw
+    if (copy) s.pages.back() = copy_of(s.pages.back());
+    for (index_t i = 0; i < new_pages; ++i) s.pages.push_back(take_page());
+    s.length += n;
+  }
+
+  /// Writes k_new [n, heads_kv, head_dim] and v_new [n, heads_kv, head_dim_v] into positions
+  /// [position0, position0 + n) of the sequence in `layer`; they must be below length() and in
+  /// pages the sequence holds alone.
+  void write(index_t layer, SequenceId sequence, index_t position0, StridedView<const T, 3> k_new,
+             StridedView<const T, 3> v_new) {
+    check_layer(layer);
+    const Sequence& s = at(sequence);
+    check_new_rows(k_new, v_new, detail::new_k_dims, detail::new_v_dims, detail::tokens_may_be_empty);
+    const index_t n = k_new.shape[0];
+    detail::require(position0 >= 0 && position0 <= s.length - n, "position0",
+                    "rows [" + std::to_string(position0) + ", " + std::to_string(position0 + n) +
+                        ") are not within the sequence's length " + std::to_string(s.length));
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
+    for (index_t i = 0; i < n; ++i) {
+      const std::int32_t page = s.pages[static_cast<std::size_t>((position0 + i) / page_size())];
+      const index_t holders = ref_counts_[static_cast<std::size_t>(page)];
+      detail::require(holders == 1, "position0",
+                      "position " + std::to_string(position0 + i) + " lies in page " + std::to_string(page) +
+                          ", shared by " + std::to_string(holders) + " sequences (only extend writes there)");
+      slots[static_cast<std::size_t>(i)] = page * page_size() + (position0 + i) % page_size();
+    }
+    write_kv_slots<T>(k_new, v_new, slots, k_pages(layer), v_pages(layer));
+  }
+
+  /// write() of the last n = k_new.shape[0] positions: the ones extend(sequence, n) reserved.
+  void write(index_t layer, SequenceId sequence, StridedView<const T, 3> k_new, StridedView<const T, 3> v_new) {
+    write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
+  }
+
+  /// The free pages extend(sequence, n) would take (a copy-on-write copy included), so a
+  /// scheduler can check a whole batch before it extends any sequence.
+  index_t pages_needed(SequenceId sequence, index_t n) const {
+    const Sequence& s = at(sequence);
+    if (n <= 0) return 0;
+    const bool copy = s.length % page_size() != 0 && ref_counts_[static_cast<std::size_t>(s.pages.back())] > 1;
+    return pages_for(s.length + n) - static_cast<index_t>(s.pages.size()) + copy;
+  }
+
+  /// Extends by n and writes every layer: k_new [num_layers, n, heads_kv, head_dim], v_new
+  /// [num_layers, n, heads_kv, head_dim_v]. All or nothing.
+  void append(SequenceId sequence, TensorView<const T> k_new, TensorView<const T> v_new) {
+    const index_t position0 = at(sequence).length;
+    check_new_rows(k_new, v_new, {"num_layers", "num_tokens", "heads_kv", "head_dim"},
+                   {"num_layers", "num_tokens", "heads_kv", "head_dim_v"}, {false, true, false, false});
+    for (const auto& [view, name] : {std::pair{k_new, "k_new"}, std::pair{v_new, "v_new"}})
+      require_extent(view, name, 0, "num_layers", num_layers());
+    extend(sequence, k_new.shape[1]);  // the checks above are write()'s: nothing below throws
+    for (index_t l = 0; l < num_layers(); ++l)
+      write(l, sequence, position0, layer_rows(k_new, l), layer_rows(v_new, l));
+  }
+
+  /// Rolls back to new_length tokens: pages past it lose a reference (freed at 0).
+  void truncate(SequenceId sequence, index_t new_length) {
+    Sequence& s = at(sequence);
+    require_in(new_length >= 0 && new_length <= s.length, "new_length",
+               "[0, length = " + std::to_string(s.length) + "]", new_length);
+    const auto keep = static_cast<std::size_t>(pages_for(new_length));
+    for (std::size_t i = keep; i < s.pages.size(); ++i) release(s.pages[i]);
+    s.pages.resize(keep);
+    s.length = new_length;
+  }
+
+  /// Releases every page of the sequence; its id becomes invalid.
+  void free(SequenceId sequence) {
+    truncate(sequence, 0);
+    sequences_.erase(sequence);
+  }
+
+  /// The block tables and lengths of `sequences`, in that order.
+  BatchTables batch(std::span<const SequenceId> sequences) const {
+    BatchTables t;
+    for (std::size_t b = 0; b < sequences.size(); ++b) {
+      const Sequence& s = at(sequences[b], "sequences[" + std::to_string(b) + "]");
+      t.max_pages = std::max(t.max_pages, static_cast<index_t>(s.pages.size()));
+    }
+    t.block_table.assign(sequences.size() * static_cast<std::size_t>(t.max_pages), 0);
+    for (std::size_t b = 0; b < sequences.size(); ++b) {
+      const Sequence& s = at(sequences[b]);
+      std::copy(s.pages.begin(), s.pages.end(), t.block_table.begin() + static_cast<index_t>(b) * t.max_pages);
+      t.cache_seqlens.push_back(static_cast<std::int32_t>(s.length));
+    }
+    return t;
+  }
+
+  index_t length(SequenceId sequence) const { return at(sequence).length; }
+  std::span<const std::int32_t> pages(SequenceId sequence) const { return at(sequence).pages; }
+  bool contains(SequenceId sequence) const { return sequences_.count(sequence) != 0; }
+
+  PagePoolView<T> k_pages(index_t layer) { return pool_view(k_pools_, layer, config_.head_dim); }
+  PagePoolView<T> v_pages(index_t layer) { return pool_view(v_pools_, layer, config_.head_dim_v); }
+  PagePoolView<const T> k_pages(index_t layer) const { return pool_view(k_pools_, layer, config_.head_dim); }
+  PagePoolView<const T> v_pages(index_t layer) const { return pool_view(v_pools_, layer, config_.head_dim_v); }
+
+  const KvCacheConfig& config() const { return config_; }  // head_dim_v filled in
+  index_t num_layers() const { return config_.num_layers; }
+  index_t num_pages() const { return config_.num_pages; }
+  index_t page_size() const { return config_.page_size; }
+  index_t free_pages() const { return static_cast<index_t>(free_list_.size()); }
+  index_t num_sequences() const { return static_cast<index_t>(sequences_.size()); }
+  index_t ref_count(std::int32_t page) const {
+    require_in(page >= 0 && page < num_pages(), "page", "[0, num_pages = " + std::to_string(num_pages()) + ")",
+               page);
+    return ref_counts_[static_cast<std::size_t>(page)];
+  }
+
+ private:
+  struct Sequence {
+    std::vector<std::int32_t> pages;
+    index_t length = 0;
+  };
+  using FreeList = std::priority_queue<std::int32_t, std::vector<std::int32_t>, std::greater<>>;
+
+  static KvCacheConfig checked(KvCacheConfig c) {
+    if (c.head_dim_v == 0) c.head_dim_v = c.head_dim;
+    for (const auto& [value, name] : {std::pair{c.num_layers, "num_layers"}, std::pair{c.num_pages, "num_pages"},
+                                      std::pair{c.page_size, "page_size"}, std::pair{c.heads_kv, "heads_kv"},
+                                      std::pair{c.head_dim, "head_dim"}, std::pair{c.head_dim_v, "head_dim_v"}})
+      detail::require(value >= 1, name, "must be >= 1, got " + std::to_string(value));
+    detail::require(c.num_pages <= max_length, "num_pages",
+                    "must fit int32 (block tables hold page ids), got " + std::to_string(c.num_pages));
+    index_t elements = c.num_pages;
+    const bool overflow = __builtin_mul_overflow(elements, c.page_size, &elements) ||
+                          __builtin_mul_overflow(elements, c.heads_kv, &elements) ||
+                          __builtin_mul_overflow(elements, std::max(c.head_dim, c.head_dim_v), &elements);
+    const index_t max_elements = std::numeric_limits<std::ptrdiff_t>::max() / static_cast<index_t>(sizeof(T));
+    detail::require(!overflow && elements <= max_elements, "num_pages",
+                    "num_pages x page_size x heads_kv x head_dim elements do not fit in memory");
+    return c;
+  }
+
+  index_t pages_for(index_t tokens) const { return tokens / page_size() + (tokens % page_size() != 0); }
+
+  SequenceId add(Sequence s) {
+    sequences_.emplace(next_id_, std::move(s));
+    return next_id_++;
+  }
+  const Sequence& at(SequenceId id, const std::string& name = "sequence") const {
+    const auto it = sequences_.find(id);
+    detail::require(it != sequences_.end(), name,
+                    "unknown sequence id " + std::to_string(id) + " (never created, or freed)");
+    return it->second;
+  }
+  Sequence& at(SequenceId id) { return const_cast<Sequence&>(std::as_const(*this).at(id)); }
+
+  void check_layer(index_t layer) const {
+    require_in(layer >= 0 && layer < num_layers(), "layer",
+               "[0, num_layers = " + std::to_string(num_layers()) + ")", layer);
+  }
+  template <class Pools>  // std::vector<std::vector<T>>, const or not
+  auto pool_view(Pools& pools, index_t layer, index_t dim) const {
+    check_layer(layer);
+    auto& pool = pools[static_cast<std::size_t>(layer)];  // const when pools is
+    return make_page_pool(pool.data(), num_pages(), page_size(), config_.heads_kv, dim);
+  }
+
+  /// Views, extents and memory of new rows [..., num_tokens, heads_kv, head_dim(_v)].
+  template <int R>
+  void check_new_rows(const StridedView<const T, R>& k_new, const StridedView<const T, R>& v_new,
+                      const std::array<const char*, static_cast<std::size_t>(R)>& k_dims,
+                      const std::array<const char*, static_cast<std::size_t>(R)>& v_dims,
+                      const detail::EmptyExtents<R>& may_be_empty) const {
+    detail::check_view(k_new, "k_new", k_dims, may_be_empty);
+    detail::check_view(v_new, "v_new", v_dims, may_be_empty);
+    detail::check_same_extent(k_new, "k_new", v_new, "v_new", R - 3, "num_tokens");
+    require_extent(k_new, "k_new", R - 2, "heads_kv", config_.heads_kv);
+    require_extent(k_new, "k_new", R - 1, "head_dim", config_.head_dim);
+    require_extent(v_new, "v_new", R - 2, "heads_kv", config_.heads_kv);
+    require_extent(v_new, "v_new", R - 1, "head_dim_v", config_.head_dim_v);
+    for (index_t l = 0; l < num_layers(); ++l)
+      for (const auto& pool : {k_pages(l), v_pages(l)}) {
+        for (const auto& [rows, name] : {std::pair{k_new, "k_new"}, std::pair{v_new, "v_new"}})
+          detail::require(!detail::byte_span(pool).overlaps(detail::byte_span(rows)), name,
+                          "overlaps the cache's pages");
+      }
+  }
+
+  static void require_in(bool ok, const char* name, const std::string& range, index_t value) {
+    detail::require(ok, name, "must be in " + range + ", got " + std::to_string(value));
+  }
+  template <int R>
+  static void require_extent(const StridedView<const T, R>& view, const char* name, int d, const char* meaning,
+                             index_t want) {
+    detail::require(view.shape[d] == want, detail::dim_name(name, "shape", d, meaning),
+                    "must equal the cache's " + std::string(meaning) + " = " + std::to_string(want) + ", got " +
+                        std::to_string(view.shape[d]));
+  }
+
+  /// Layer l's [n, heads_kv, head_dim] rows of [num_layers, n, heads_kv, head_dim].
+  static StridedView<const T, 3> layer_rows(const TensorView<const T>& rows, index_t l) {
+    return {rows.data + l * rows.stride[0], {rows.shape[1], rows.shape[2], rows.shape[3]},
+            {rows.stride[1], rows.stride[2], rows.stride[3]}};
+  }
+
+  std::int32_t take_page() {
+    const std::int32_t page = free_list_.top();
+    free_list_.pop();
+    ref_counts_[static_cast<std::size_t>(page)] = 1;
+    return page;
+  }
+  void release(std::int32_t page) {
+    if (--ref_counts_[static_cast<std::size_t>(page)] == 0) free_list_.push(page);
+  }
+  /// A fresh page holding a copy of `shared` (K and V, every layer); `shared` loses a reference.
+  std::int32_t copy_of(std::int32_t shared) {
+    const std::int32_t page = take_page();
+    for (auto* pools : {&k_pools_, &v_pools_})
+      for (auto& pool : *pools) {
+        const auto size = static_cast<index_t>(pool.size()) / num_pages();
+        std::copy_n(pool.begin() + shared * size, size, pool.begin() + page * size);
+      }
+    release(shared);
+    return page;
+  }
+
+  KvCacheConfig config_;
+  using Pool = std::vector<T, LineAlignedAllocator<T>>;  // rows start on cache lines
+  std::vector<Pool> k_pools_, v_pools_;  // per layer: [num_pages, page_size, heads_kv, head_dim(_v)]
+  std::vector<index_t> ref_counts_;                // per page
+  FreeList free_list_;                             // lowest page first
+  std::unordered_map<SequenceId, Sequence> sequences_;
+  SequenceId next_id_ = 0;
+};
+
+}  // namespace tileattn

@@ -1,0 +1,375 @@
+// tileattn/paged.hpp: attention over a paged KV cache (FlashAttention's
+// flash_attn_with_kvcache with a block_table; vLLM's PagedAttention), its plan/run split,
+// and merge_states, which combines partial results over disjoint keys (FlashInfer's).
+//
+//   // K/V pools [num_pages, page_size, heads_kv, head_dim]; block_table [batch, max_pages];
+//   // cache_seqlens[b] keys in sequence b, the new tokens included.
+//   tileattn::forward_paged(tileattn::make_bshd(q, B, 1, Hq, D),        // one token: decoding
+//                           k_pool, v_pool, table, seqlens,
+//                           tileattn::make_bshd(o, B, 1, Hq, D), tileattn::make_lse(lse, B, Hq, 1));
+//
+// Semantics are forward()'s with sequence b's keys read through its block table: seqlen_q
+// > 1 (chunked prefill, speculative verify) is causal bottom-right aligned per sequence
+// when options.causal; window, ALiBi, softcap, sinks, bias and mask as in the forward (a
+// bias or mask is [B or 1, H or 1, seqlen_q, max cache_seqlens]). GQA reads each K/V page
+// once per group of query heads. Split-KV (flash-decoding): when the batch has too few
+// (sequence, K/V head) pairs to occupy many workers, long sequences are cut into key chunks
+// whose partial results are merged exactly; the chunking depends on the batch's shape only,
+// so every thread count gives the same bits (PagedOptions::num_splits chooses it).
+//
+// A PagedPlan (plan_paged) holds the tile plan, the chunking and the work list of a batch
+// shape; forward_paged(plan, ...) reuses it, e.g. across the layers of one decode step.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tileattn/detail/paged_checks.hpp"
+#include "tileattn/forward.hpp"
+#include "tileattn/kernels/forward.hpp"
+#include "tileattn/kernels/merge.hpp"
+#include "tileattn/kernels/work_list.hpp"
+
+namespace tileattn {
+
+/// block_table: [batch, max_pages_per_sequence] page ids (int32), any non-negative strides.
+using BlockTableView = StridedView<const std::int32_t, 2>;
+
+inline BlockTableView make_block_table(const std::int32_t* data, index_t batch, index_t max_pages) {
+  return {data, {batch, max_pages}, {max_pages, 1}};
+}
+
+struct PagedOptions : ForwardOptions {
+  /// Split-KV: 0 chooses from the batch's shape (kernels/work_list.hpp); 1 never splits;
+  /// n > 1 cuts each sequence of at most 256 query rows (positions x group) into at most n
+  /// key chunks. Never depends on the thread count.
+  index_t num_splits = 0;
+};
+
+namespace detail {
+/// An input view whose element type follows the output's (so non-const views convert).
+template <class V>
+using In = const std::type_identity_t<V>&;
+
+/// Split-KV's automatic choice: chunks of at least min_split_keys keys, sized so that the
+/// batch has about split_target_items (sequence, K/V head, chunk) items: enough for 16
+/// workers with 4 items each.
+inline constexpr index_t split_target_items = 64;
+inline constexpr index_t min_split_keys = 512;
+inline constexpr index_t split_max_query_rows = 256;
+}  // namespace detail
+
+/// A batch shape's plan: the tile plan, the key chunking and the work list, made once
+/// (plan_paged) and reused by forward_paged for every call with the same shapes, query
+/// lengths, cache_seqlens, masks and options (checked; a mismatch throws "plan").
+/// Immutable: one plan may serve concurrent calls.
+class PagedPlan {
+ public:
+  const TilePlan& tiles() const { return tiles_; }
+  /// Keys per split-KV chunk (0: no split).
+  index_t keys_per_split() const { return split_.keys_per_split; }
+  index_t work_items() const { return work_.size(); }
+  /// The partial-state rows split-KV writes (each head_dim_v + 1 floats).
+  index_t partial_rows() const { return work_.partial_rows(); }
+
+  struct Signature {  // everything the work list depends on
+    std::vector<index_t> shape;
+    std::vector<std::int32_t> q_lengths, cache_seqlens;
+    bool operator==(const Signature&) const = default;
+  };
+
+  PagedPlan(const TilePlan& tiles, const kernels::KeySplit& split, kernels::ForwardWorkList work, Signature sig)
+      : tiles_(tiles), split_(split), work_(std::move(work)), signature_(std::move(sig)) {}
+
+  const kernels::ForwardWorkList& work() const { return work_; }
+  const Signature& signature() const { return signature_; }
+
+ private:
+  TilePlan tiles_;
+  kernels::KeySplit split_;
+  kernels::ForwardWorkList work_;
+  Signature signature_;
+};
+
+namespace detail {
+
+template <class T>
+PagedPlan::Signature paged_signature(const ForwardParams<T>& p, const PagedOptions& options) {
+  PagedPlan::Signature s;
+  s.shape = {p.batch(), p.heads(), p.heads_kv(), p.head_dim(), p.head_dim_v(), p.k.shape[dim::seqlen],
+             p.causal, static_cast<index_t>(p.alignment), p.window_left, p.window_right,
+             static_cast<index_t>(effective_sram_budget(options)), options.num_splits,
+             static_cast<index_t>(kernels::tile_operands_v<kernels::tile_operand_t<T>>)};
+  for (index_t b = 0; b < p.batch(); ++b) {
+    const SequenceRange seq = p.sequence(b);
+    s.q_lengths.push_back(static_cast<std::int32_t>(seq.q_len));
+    s.cache_seqlens.push_back(static_cast<std::int32_t>(seq.k_len));
+  }
+  return s;
+}
+
+/// The key chunking for a batch (independent of the thread count; see PagedOptions).
+template <class T>
+kernels::KeySplit choose_split(const ForwardParams<T>& p, index_t key_tile, index_t longest, index_t num_splits) {
+  const auto round_to_tiles = [&](index_t keys) { return (keys + key_tile - 1) / key_tile * key_tile; };
+  kernels::KeySplit split{0, split_max_query_rows};
+  if (num_splits == 1 || longest == 0) return split;
+  if (num_splits > 1) {
+    split.keys_per_split = round_to_tiles((longest + num_splits - 1) / num_splits);
+  } else {
+    index_t keys = 0;
+    for (index_t b = 0; b < p.batch(); ++b) keys += p.sequence(b).k_len * p.heads_kv();
+    split.keys_per_split =
+        std::max(round_to_tiles(min_split_keys), round_to_tiles((keys + split_target_items - 1) / split_target_items));
+  }
+  if (split.keys_per_split >= longest) split.keys_per_split = 0;
+  return split;
+}
+
+template <class T>
+PagedPlan make_paged_plan(const ForwardParams<T>& p, index_t longest_q, index_t longest_k,
+                          const PagedOptions& options) {
+  using Op = kernels::tile_operand_t<T>;
+  const PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
+                        p.batch() * p.heads_kv(), kernels::tile_operands_v<Op>};
+  const TilePlan tiles = plan_forward(shape, options);
+  const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options.num_splits);
+  return {tiles, split, kernels::ForwardWorkList(p, tiles, split), paged_signature(p, options)};
+}
+
+template <class T>
+void run_paged(ForwardParams<T> p, const PagedPlan& plan, const PagedOptions& options) {
+  require(plan.signature() == paged_signature(p, options), "plan",
+          "was made for another batch shape, cache_seqlens, mask or options");
+  std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 1)));
+  p.o_accum = accum.data();
+  p.lse_accum = accum.data() + plan.partial_rows() * p.head_dim_v();
+  const auto& work = plan.work();
+  if (options.io_counts) {
+    *options.io_counts = kernels::run_forward<CountingIo, kernels::PagedKv>(p, plan.tiles(), work, options.execution);
+  } else {
+    kernels::run_forward<NoIoCounting, kernels::PagedKv>(p, plan.tiles(), work, options.execution);
+  }
+}
+
+/// Checks a paged call and resolves its params; returns {params, longest q, longest k}.
+template <class T>
+struct PagedCall {
+  ForwardParams<T> params;
+  index_t longest_q = 0, longest_k = 0;
+};
+
+template <class T>
+PagedCall<T> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_seqlens_q,
+                        TensorView<const T> k_cache, TensorView<const T> v_cache, BlockTableView block_table,
+                        std::span<const std::int32_t> cache_seqlens, TensorView<T> o, LseView lse,
+                        const PagedOptions& options) {
+  const bool varlen = !cu_seqlens_q.empty();
+  check_page_pools(k_cache, v_cache);
+  check_paged_queries(q, o, k_cache, v_cache, varlen);
+  require(options.num_splits >= 0, "num_splits", "must be >= 0 (0: automatic), got " + std::to_string(options.num_splits));
+  PagedCall<T> call{make_params(q, k_cache, v_cache, o, lse, options)};
+  ForwardParams<T>& p = call.params;
+  index_t batch = q.shape[dim::batch];
+  call.longest_q = q.shape[dim::seqlen];
+  if (varlen) {
+    batch = static_cast<index_t>(cu_seqlens_q.size()) - 1;
+    require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
+    call.longest_q = 0;
+    for (std::size_t b = 1; b < cu_seqlens_q.size(); ++b)
+      call.longest_q = std::max<index_t>(call.longest_q, cu_seqlens_q[b] - cu_seqlens_q[b - 1]);
+    check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", batch, q.shape[dim::seqlen], q.shape[dim::seqlen], "cu_seqlens_q");
+    p.cu_seqlens_q = cu_seqlens_q.data();
+    p.num_sequences = batch;
+    check_lse(lse, {1, q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+  } else {
+    check_lse(lse, {batch, q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+  }
+  call.longest_k = check_block_table(block_table, cache_seqlens, batch, k_cache.shape[dim::batch],
+                                     k_cache.shape[dim::seqlen]);
+  p.block_table = block_table;
+  p.cache_seqlens = cache_seqlens.data();
+  check_options(p, batch, call.longest_q, call.longest_k, options.execution);
+  check_budget(options);
+  check_paged_aliasing(p, cache_seqlens);
+  return call;
+}
+
+}  // namespace detail
+
+/// The plan forward_paged(q, k_cache, v_cache, block_table, cache_seqlens, ...) makes for
+/// this batch (checks every argument as the call would; the data are not read).
+template <class T>
+PagedPlan plan_paged(detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
+                     detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+                     std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
+                     const PagedOptions& options = {}) {
+  const auto call = detail::paged_call<T>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+}
+
+/// forward() of q [batch, seqlen_q, heads_q, head_dim] against the paged K/V of each
+/// sequence: k_cache, v_cache [num_pages, page_size, heads_kv, head_dim(_v)], sequence b's
+/// cache_seqlens[b] keys in pages block_table[b, 0], [b, 1], ...; o like q with head_dim_v,
+/// lse [batch, heads_q, seqlen_q] (optional). Every argument is checked first: a bad one
+/// throws tileattn::invalid_argument naming it, and nothing is written.
+template <class T>
+void forward_paged(detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
+                   detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+                   std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
+                   const PagedOptions& options = {}) {
+  const auto call = detail::paged_call<T>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
+}
+
+/// The same with a plan from plan_paged (checked against the call).
+template <class T>
+void forward_paged(const PagedPlan& plan, detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
+                   detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+                   std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
+                   const PagedOptions& options = {}) {
+  const auto call = detail::paged_call<T>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  detail::run_paged(call.params, plan, options);
+}
+
+/// forward_paged() without the log-sum-exp output.
+template <class T>
+void forward_paged(detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
+                   detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+                   std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o,
+                   const PagedOptions& options = {}) {
+  forward_paged<T>(q, k_cache, v_cache, block_table, cache_seqlens, o, LseView{}, options);
+}
+
+namespace detail {
+template <class T>
+PagedCall<T> paged_varlen_call(const PackedView<const T>& q, std::span<const std::int32_t> cu_seqlens_q,
+                               const TensorView<const T>& k_cache, const TensorView<const T>& v_cache,
+                               BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                               const PackedView<T>& o, const PackedLseView& lse, const PagedOptions& options) {
+  require(!cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  const LseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
+  return paged_call<T>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o), lse3,
+                       options);
+}
+}  // namespace detail
+
+/// forward_paged() with queries of varying lengths (chunked prefill of several sequences,
+/// speculative verify with different draft lengths, decoding mixed with either): q and o
+/// packed [total_q, heads_q, head_dim] with sequence b's rows [cu_seqlens_q[b],
+/// cu_seqlens_q[b + 1]); lse [heads_q, total_q] (optional: PackedLseView{}).
+template <class T>
+void forward_paged_varlen(detail::In<PackedView<const T>> q, std::span<const std::int32_t> cu_seqlens_q,
+                          detail::In<TensorView<const T>> k_cache, detail::In<TensorView<const T>> v_cache,
+                          BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                          const PackedView<T>& o, PackedLseView lse, const PagedOptions& options = {}) {
+  const auto call = detail::paged_varlen_call<T>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
+                                                 lse, options);
+  detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
+}
+
+/// The plan forward_paged_varlen makes for this batch, for reuse across calls (layers).
+template <class T>
+PagedPlan plan_paged_varlen(detail::In<PackedView<const T>> q, std::span<const std::int32_t> cu_seqlens_q,
+                            detail::In<TensorView<const T>> k_cache, detail::In<TensorView<const T>> v_cache,
+                            BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                            const PackedView<T>& o, PackedLseView lse, const PagedOptions& options = {}) {
+  const auto call = detail::paged_varlen_call<T>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
+                                                 lse, options);
+  return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+}
+
+/// forward_paged_varlen with a plan from plan_paged_varlen (checked against the call).
+template <class T>
+void forward_paged_varlen(const PagedPlan& plan, detail::In<PackedView<const T>> q,
+                          std::span<const std::int32_t> cu_seqlens_q, detail::In<TensorView<const T>> k_cache,
+                          detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+                          std::span<const std::int32_t> cache_seqlens, const PackedView<T>& o, PackedLseView lse,
+                          const PagedOptions& options = {}) {
+  const auto call = detail::paged_varlen_call<T>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
+                                                 lse, options);
+  detail::run_paged(call.params, plan, options);
+}
+
+namespace detail {
+
+/// Checks and runs merge_states: states [batch, seqlen, heads, head_dim_v] with LSE
+/// [batch, heads, seqlen]; o like them; lse optional. The output may be one of the states
+/// exactly (in place); any other overlap is an error.
+template <class T>
+void merge_states(std::span<const TensorView<const T>> os, std::span<const StridedView<const float, 3>> lses,
+                  TensorView<T> o, LseView lse, const Execution& exec) {
+  require(!os.empty(), "states", "needs at least one partial state");
+  require(os.size() == lses.size(), "lse_states",
+          "needs one LSE per state: " + std::to_string(os.size()) + " states, " + std::to_string(lses.size()) + " LSEs");
+  check_view(o, "o", padded_layout.names, {false, false, false, false});
+  check_head_dim(o.shape[dim::head_dim], "head_dim_v");
+  check_no_self_overlap(o, "o");
+  const std::array<index_t, 3> lse_shape{o.shape[dim::batch], o.shape[dim::heads], o.shape[dim::seqlen]};
+  check_lse(lse, lse_shape, lse_dims);
+  if (lse.data) check_disjoint(lse, "lse", o, "o");
+  const auto same = [](const auto& a, const auto& b) {
+    return static_cast<const void*>(a.data) == static_cast<const void*>(b.data) && a.shape == b.shape && a.stride == b.stride;
+  };
+  for (std::size_t c = 0; c < os.size(); ++c) {
+    const std::string name = "states[" + std::to_string(c) + "]", lse_name = "lse_states[" + std::to_string(c) + "]";
+    check_view(os[c], name, padded_layout.names);
+    for (int d = 0; d < 4; ++d) check_same_extent(o, "o", os[c], name, d, padded_layout.names[d]);
+    check_view(lses[c], lse_name, lse_dims);
+    for (int d = 0; d < 3; ++d)
+      require(lses[c].shape[d] == lse_shape[d], dim_name(lse_name, "shape", d, lse_dims[d]),
+              "must be " + std::to_string(lse_shape[d]) + ", got " + std::to_string(lses[c].shape[d]));
+    if (!same(o, os[c])) check_disjoint(o, "o", os[c], name);
+    if (!same(o, os[c])) check_disjoint(o, "o", lses[c], lse_name);
+    if (lse.data && !same(lse, lses[c])) check_disjoint(lse, "lse", lses[c], lse_name);
+    if (lse.data) check_disjoint(lse, "lse", os[c], name);
+  }
+  validate_execution(exec);
+  const index_t heads = o.shape[dim::heads], dv = o.shape[dim::head_dim], seqlen = o.shape[dim::seqlen];
+  const index_t rows = kernels::merge_block_rows(std::min<index_t>(seqlen, 64), dv, max_sram_budget_bytes);
+  const index_t items = o.shape[dim::batch] * heads;
+  parallel_for(exec, items, [&](index_t item, int) {
+    const index_t b = item / heads, h = item % heads;
+    auto tiles = kernels::MergeTiles::carve(worker_scratch(kernels::MergeTiles::footprint(rows, dv)), rows, dv);
+    const auto state = [&](index_t c) {
+      const auto& oc = os[static_cast<std::size_t>(c)];
+      const auto& lc = lses[static_cast<std::size_t>(c)];
+      return kernels::PartialState<T>{head_matrix(oc, b, h), &lc(b, h, 0), lc.stride[2]};
+    };
+    NoIoCounting io;
+    kernels::merge_rows(static_cast<index_t>(os.size()), state, head_matrix(o, b, h), lse.data ? &lse(b, h, 0) : nullptr,
+                        lse.stride[2], nullptr, tiles, io);
+  });
+}
+
+}  // namespace detail
+
+/// Combines partial attention results over disjoint key sets (FlashInfer's merge_state):
+/// for each (batch, position, head), LSE = log(sum_c e^LSE_c) and O = sum_c
+/// e^(LSE_c - LSE) O_c, in the order given. states are O_c [batch, seqlen, heads,
+/// head_dim_v] as forward() writes them, lse_states their LSE [batch, heads, seqlen]; a
+/// state with LSE -inf saw no key and adds nothing (all -inf: O = 0, LSE = -inf); a NaN
+/// LSE makes the row NaN. o may be one of the states itself (in place); lse is optional.
+/// Accumulates in float; O is rounded once to its type.
+template <class T>
+void merge_states(std::type_identity_t<std::span<const TensorView<const T>>> states,
+                  std::span<const StridedView<const float, 3>> lse_states, const TensorView<T>& o, LseView lse,
+                  const Execution& execution = {}) {
+  detail::merge_states<T>(states, lse_states, o, lse, execution);
+}
+
+/// The two-state form: (o, lse) = merge of (o_a, lse_a) and (o_b, lse_b).
+template <class T>
+void merge_states(detail::In<TensorView<const T>> o_a, StridedView<const float, 3> lse_a,
+                  detail::In<TensorView<const T>> o_b, StridedView<const float, 3> lse_b, const TensorView<T>& o,
+                  LseView lse, const Execution& execution = {}) {
+  const TensorView<const T> states[2] = {o_a, o_b};
+  const StridedView<const float, 3> lses[2] = {lse_a, lse_b};
+  detail::merge_states<T>(states, lses, o, lse, execution);
+}
+
+}  // namespace tileattn

@@ -1,0 +1,166 @@
+// tests/paged/paged_forward_test.cpp: tileattn::forward_paged (paged.hpp) against the
+// double-precision reference: decoding, chunked prefill and speculative verify over
+// shuffled, non-contiguous block tables with poisoned unused pages; page sizes that split
+// key tiles; GQA/MQA; every score option; batches of very different lengths; split-KV
+// against unsplit and against the contiguous forward (bitwise when unsplit); determinism
+// across backends and thread counts; the plan/run split; exact IO counts.
+#include <gtest/gtest.h>
+
+#include "support/paged_support.hpp"
+
+namespace tileattn::test {
+namespace {
+
+void expect_close(const Deviation& d, double tol = forward_o_tolerance) {
+  EXPECT_TRUE(d.problem.empty()) << d.problem;
+  EXPECT_LE(d.o, tol);
+  EXPECT_LE(d.lse, tol);
+}
+
+struct DecodeCase {
+  index_t page_size, heads_q, heads_kv, head_dim;
+};
+
+class PagedDecode : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(PagedDecode, MatchesReferenceOverShuffledPages) {
+  const DecodeCase c = GetParam();
+  for (index_t splits : {0, 1, 3}) {
+    PagedShape s{{1, 17, 127, 1000, 0, 33}, 1, c.heads_q, c.heads_kv, c.head_dim, 0, c.page_size};
+    PagedBatch<float> batch(s, 7 + static_cast<std::uint64_t>(c.page_size));
+    PagedOptions opt;
+    opt.num_splits = splits;
+    batch.run(opt);
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    expect_close(batch.against_reference(opt));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedDecode,
+                         ::testing::Values(DecodeCase{16, 8, 2, 64}, DecodeCase{1, 4, 4, 17},
+                                           DecodeCase{3, 6, 1, 128}, DecodeCase{17, 32, 8, 128},
+                                           DecodeCase{5, 2, 1, 1}));
+
+TEST(PagedForward, ChunkedPrefillAndVerifyWithEveryOption) {
+  const float slopes[4] = {0.25f, 0.5f, 0.125f, 0.0625f};
+  const float sinks[4] = {0.3f, -1.0f, 2.0f, 0.0f};
+  for (index_t q_len : {4, 8, 37}) {
+    for (int variant = 0; variant < 5; ++variant) {
+      PagedShape s{{40, 9, 300, 1000}, q_len, 4, 2, 40, 24, 7};
+      PagedBatch<float> batch(s, 11 + static_cast<std::uint64_t>(q_len));
+      PagedOptions opt;
+      opt.causal = variant != 4;
+      if (variant == 1) opt.window_left = 13;
+      if (variant == 2) opt.alibi_slopes = slopes;
+      if (variant == 3) opt.softcap = 3.0f, opt.sinks = sinks;
+      if (variant == 4) opt.window_left = 50, opt.window_right = 3, opt.alignment = MaskAlignment::top_left;
+      batch.run(opt);
+      SCOPED_TRACE("q_len " + std::to_string(q_len) + " variant " + std::to_string(variant));
+      expect_close(batch.against_reference(opt));
+    }
+  }
+}
+
+TEST(PagedForward, VeryDifferentLengthsInOneBatch) {
+  PagedShape s{{1, 16384, 3}, 1, 4, 1, 64, 0, 16};
+  PagedBatch<float> batch(s, 3);
+  batch.run();
+  expect_close(batch.against_reference({}));
+}
+
+TEST(PagedForward, SplitAgreesWithUnsplitAndUnsplitIsTheContiguousForwardBitwise) {
+  PagedShape s{{2000, 700, 4096}, 2, 8, 2, 64, 0, 16};
+  PagedBatch<float> batch(s, 5);
+  PagedOptions opt;
+  opt.causal = true;
+  opt.num_splits = 1;
+  batch.run(opt);
+  const auto unsplit = batch.o;
+  const auto unsplit_lse = batch.lse;
+  // The contiguous forward on the same K/V (varlen: the sequences differ in length).
+  std::vector<float> k_all, v_all;
+  std::vector<std::int32_t> cu_q{0}, cu_k{0};
+  for (index_t b = 0; b < s.batch(); ++b) {
+    k_all.insert(k_all.end(), batch.k_seq[b].begin(), batch.k_seq[b].end());
+    v_all.insert(v_all.end(), batch.v_seq[b].begin(), batch.v_seq[b].end());
+    cu_q.push_back(cu_q.back() + static_cast<std::int32_t>(s.q_len));
+    cu_k.push_back(cu_k.back() + static_cast<std::int32_t>(s.k_lens[b]));
+  }
+  std::vector<float> o(batch.o.size()), lse(batch.lse.size());
+  forward_varlen(make_thd<const float>(batch.q.data(), cu_q.back(), s.heads_q, s.head_dim),
+                 make_thd<const float>(k_all.data(), cu_k.back(), s.heads_kv, s.head_dim),
+                 make_thd<const float>(v_all.data(), cu_k.back(), s.heads_kv, s.head_dim),
+                 make_thd(o.data(), cu_q.back(), s.heads_q, s.head_dim), PackedLseView{},
+                 VarlenSequences{cu_q, cu_k, s.q_len, batch.max_k}, opt);
+  EXPECT_TRUE(bitwise_equal(o, unsplit));
+  for (index_t splits : {0, 2, 5}) {
+    opt.num_splits = splits;
+    batch.reset_outputs();
+    batch.run(opt);
+    double worst = 0;
+    for (std::size_t i = 0; i < o.size(); ++i) worst = std::max<double>(worst, std::abs(batch.o[i] - unsplit[i]));
+    for (std::size_t i = 0; i < lse.size(); ++i) worst = std::max<double>(worst, std::abs(batch.lse[i] - unsplit_lse[i]));
+    EXPECT_LE(worst, 2e-6) << "num_splits " << splits;
+    expect_close(batch.against_reference(opt));
+  }
+}
+
+TEST(PagedForward, BitwiseIdenticalAcrossBackendsAndThreadCounts) {
+  PagedShape s{{5000, 1, 999}, 1, 8, 2, 64, 0, 16};
+  PagedBatch<float> batch(s, 9);
+  PagedOptions opt;  // automatic split: the 5000-key sequence is cut
+  batch.run(opt);
+  const auto first = batch.o;
+  const auto first_lse = batch.lse;
+  for (Backend backend : compiled_backends())
+    for (int threads : {1, 2, 3, 7}) {
+      opt.execution = {backend, threads};
+      batch.reset_outputs();
+      batch.run(opt);
+      EXPECT_TRUE(bitwise_equal(batch.o, first) && bitwise_equal(batch.lse, first_lse))
+          << to_string(backend) << " x " << threads;
+    }
+}
+
+TEST(PagedForward, PlanIsReusedAndCheckedAgainstTheCall) {
+  PagedShape s{{300, 4000}, 1, 8, 2, 64, 0, 16};
+  PagedBatch<float> batch(s, 2);
+  const PagedPlan plan = plan_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
+                                    batch.seqlens, batch.o_view(), batch.lse_view());
+  EXPECT_GT(plan.keys_per_split(), 0);
+  forward_paged(plan, batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                batch.o_view(), batch.lse_view());
+  const auto planned = batch.o;
+  batch.reset_outputs();
+  batch.run();
+  EXPECT_TRUE(bitwise_equal(planned, batch.o));
+  batch.reset_outputs();
+  batch.seqlens[0] = 299;  // another batch shape
+  try {
+    forward_paged(plan, batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                  batch.o_view(), batch.lse_view());
+    ADD_FAILURE() << "a plan for other cache_seqlens was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.parameter(), "plan");
+  }
+  EXPECT_TRUE(all_equal(batch.o, sentinel));
+}
+
+TEST(PagedForward, CountsEachPageOncePerGroupOfQueryHeads) {
+  PagedShape s{{1000, 37, 260}, 1, 8, 2, 64, 32, 16};
+  PagedBatch<float> batch(s, 4);
+  IoCounts io;
+  PagedOptions opt;
+  opt.num_splits = 1;
+  opt.io_counts = &io;
+  batch.run(opt);
+  std::uint64_t keys = 0;
+  for (index_t len : s.k_lens) keys += static_cast<std::uint64_t>(len);
+  const std::uint64_t kv = keys * s.heads_kv * (s.head_dim + s.dv()) * sizeof(float);
+  const std::uint64_t q = static_cast<std::uint64_t>(batch.q.size()) * sizeof(float);
+  EXPECT_EQ(io.bytes_read, kv + q);
+  EXPECT_EQ(io.bytes_written, (batch.o.size() + batch.lse.size()) * sizeof(float));
+}
+
+}  // namespace
+}  // namespace tileattn::test
