@@ -169,6 +169,8 @@ void forward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<con
   check_options(p, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
   check_budget(options);
   check_aliasing(p);
+  check_outputs_disjoint(p, seqs.cu_seqlens_q, "cu_seqlens_q");
+  check_outputs_disjoint(p, seqs.cu_seqlens_k, "cu_seqlens_k");
   run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
 }
 

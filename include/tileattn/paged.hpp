@@ -184,8 +184,7 @@ PagedCall<T> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_
       call.longest_q = std::max<index_t>(call.longest_q, cu_seqlens_q[b] - cu_seqlens_q[b - 1]);
     check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", batch, q.shape[dim::seqlen], q.shape[dim::seqlen], "cu_seqlens_q");
     p.cu_seqlens_q = cu_seqlens_q.data();
-    p.num_sequences = batch;
-    check_lse(lse, {1, q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+    p.num_sequences = batch;  // the packed LSE was checked by paged_varlen_call
   } else {
     check_lse(lse, {batch, q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   }
@@ -195,7 +194,7 @@ PagedCall<T> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_
   p.cache_seqlens = cache_seqlens.data();
   check_options(p, batch, call.longest_q, call.longest_k, options.execution);
   check_budget(options);
-  check_paged_aliasing(p, cache_seqlens);
+  check_paged_aliasing(p, cache_seqlens, cu_seqlens_q);
   return call;
 }
 
@@ -252,6 +251,10 @@ PagedCall<T> paged_varlen_call(const PackedView<const T>& q, std::span<const std
                                BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                                const PackedView<T>& o, const PackedLseView& lse, const PagedOptions& options) {
   require(!cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  check_view(q, "q", packed_layout.names, {true, false, false});  // named in the packed layout
+  check_view(o, "o", packed_layout.names, {true, false, false});
+  for (int d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
+  check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const LseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   return paged_call<T>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o), lse3,
                        options);
@@ -311,7 +314,10 @@ void merge_states(std::span<const TensorView<const T>> os, std::span<const Strid
   check_no_self_overlap(o, "o");
   const std::array<index_t, 3> lse_shape{o.shape[dim::batch], o.shape[dim::heads], o.shape[dim::seqlen]};
   check_lse(lse, lse_shape, lse_dims);
-  if (lse.data) check_disjoint(lse, "lse", o, "o");
+  if (lse.data) {
+    check_no_self_overlap(lse, "lse");
+    check_disjoint(lse, "lse", o, "o");
+  }
   const auto same = [](const auto& a, const auto& b) {
     return static_cast<const void*>(a.data) == static_cast<const void*>(b.data) && a.shape == b.shape && a.stride == b.stride;
   };
@@ -324,7 +330,7 @@ void merge_states(std::span<const TensorView<const T>> os, std::span<const Strid
       require(lses[c].shape[d] == lse_shape[d], dim_name(lse_name, "shape", d, lse_dims[d]),
               "must be " + std::to_string(lse_shape[d]) + ", got " + std::to_string(lses[c].shape[d]));
     if (!same(o, os[c])) check_disjoint(o, "o", os[c], name);
-    if (!same(o, os[c])) check_disjoint(o, "o", lses[c], lse_name);
+    check_disjoint(o, "o", lses[c], lse_name);
     if (lse.data && !same(lse, lses[c])) check_disjoint(lse, "lse", lses[c], lse_name);
     if (lse.data) check_disjoint(lse, "lse", os[c], name);
   }

@@ -62,7 +62,9 @@ template <int R>
 void check_lse(const StridedView<float, R>& lse, const std::array<index_t, static_cast<std::size_t>(R)>& want,
                const std::array<const char*, static_cast<std::size_t>(R)>& names) {
   if (!lse.data) return;
-  check_view(lse, "lse", names);
+  EmptyExtents<R> may_be_empty{};
+  for (int d = 0; d < R; ++d) may_be_empty[static_cast<std::size_t>(d)] = want[static_cast<std::size_t>(d)] == 0;
+  check_view(lse, "lse", names, may_be_empty);
   for (int d = 0; d < R; ++d)
     require(lse.shape[d] == want[d], dim_name("lse", "shape", d, names[d]),
             "must be " + std::to_string(want[d]) + ", got " + std::to_string(lse.shape[d]));
@@ -138,6 +140,10 @@ void check_output(const ForwardParams<T>& p, const Out& out, const std::string& 
   check_disjoint(out, name, p.v, "v");
   if (p.bias.data) check_disjoint(out, name, p.bias, "bias");
   if (p.mask.data) check_disjoint(out, name, p.mask, "mask");
+  for (const auto& [values, what] : {std::pair{p.alibi_slopes, "alibi_slopes"}, std::pair{p.sinks, "sinks"}})
+    if (!values.empty())
+      check_disjoint(out, name, StridedView<const float, 1>{values.data(), {static_cast<index_t>(values.size())}, {1}},
+                     what);
 }
 
 /// Outputs must not overlap themselves, each other or any input.
@@ -147,6 +153,15 @@ void check_aliasing(const ForwardParams<T>& p) {
   if (!p.lse.data) return;
   check_output(p, p.lse, "lse");
   check_disjoint(p.lse, "lse", p.o, "o");
+}
+
+/// O and LSE must not overlap a length array the kernel reads while writing them.
+template <class T>
+void check_outputs_disjoint(const ForwardParams<T>& p, std::span<const std::int32_t> lengths, const char* name) {
+  if (lengths.empty()) return;
+  const StridedView<const std::int32_t, 1> view{lengths.data(), {static_cast<index_t>(lengths.size())}, {1}};
+  check_disjoint(p.o, "o", view, name);
+  if (p.lse.data) check_disjoint(p.lse, "lse", view, name);
 }
 
 /// cu_seqlens: batch + 1 entries from 0, non-decreasing, within `total` rows, each length <= max.

@@ -57,7 +57,7 @@ inline index_t check_block_table(const StridedView<const std::int32_t, 2>& table
   for (index_t b = 0; b < batch; ++b) {
     const index_t len = seqlens[static_cast<std::size_t>(b)];
     require(len >= 0, "cache_seqlens", "entry " + std::to_string(b) + " is negative: " + std::to_string(len));
-    require(len <= table.shape[1] * page_size, "cache_seqlens",
+    require((len + page_size - 1) / page_size <= table.shape[1], "cache_seqlens",
             "entry " + std::to_string(b) + " = " + std::to_string(len) + " needs more than the block table's " +
                 std::to_string(table.shape[1]) + " pages of " + std::to_string(page_size) + " keys");
     for (index_t j = 0; j * page_size < len; ++j) {
@@ -74,14 +74,13 @@ inline index_t check_block_table(const StridedView<const std::int32_t, 2>& table
 /// The outputs must not overlap the block table or the lengths either (they are read
 /// while O is written).
 template <class T>
-void check_paged_aliasing(const ForwardParams<T>& p, std::span<const std::int32_t> seqlens) {
+void check_paged_aliasing(const ForwardParams<T>& p, std::span<const std::int32_t> seqlens,
+                          std::span<const std::int32_t> cu_seqlens_q) {
   check_aliasing(p);
-  const StridedView<const std::int32_t, 1> lengths{seqlens.data(), {static_cast<index_t>(seqlens.size())}, {1}};
+  check_outputs_disjoint(p, seqlens, "cache_seqlens");
+  check_outputs_disjoint(p, cu_seqlens_q, "cu_seqlens_q");
   check_disjoint(p.o, "o", p.block_table, "block_table");
-  check_disjoint(p.o, "o", lengths, "cache_seqlens");
-  if (!p.lse.data) return;
-  check_disjoint(p.lse, "lse", p.block_table, "block_table");
-  check_disjoint(p.lse, "lse", lengths, "cache_seqlens");
+  if (p.lse.data) check_disjoint(p.lse, "lse", p.block_table, "block_table");
 }
 
 }  // namespace tileattn::detail

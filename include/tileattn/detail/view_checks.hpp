@@ -94,6 +94,7 @@ void check_same_extent(const A& a, const std::string& a_name, const B& b,
 /// An output must not map two indices to one element, or threads would race on it.
 template <class T, int R>
 void check_no_self_overlap(const StridedView<T, R>& v, const std::string& name) {
+  if (v.empty()) return;  // no element: nothing to overlap
   std::array<int, R> order{};
   for (int d = 0; d < R; ++d) order[d] = d;
   std::sort(order.begin(), order.end(), [&](int a, int b) { return v.stride[a] < v.stride[b]; });

@@ -1,0 +1,213 @@
+// benchmarks/bench_paged.cpp: paged decoding against the machine's read bandwidth, paged
+// chunked prefill and speculative verify against the contiguous forward, and the cost of a
+// decode plan, in one run.
+//
+// Decoding is memory-bound: each step reads every cached K/V byte once (GQA: once per group
+// of query heads) and does ~4 FLOPs per byte-pair of fp32. So a decode row reports the K/V
+// bytes it reads per second (counted in the stored type: 2 per bf16 value) and their fraction
+// of a streaming read of 1 GiB measured by this binary on the same threads (ceilings.hpp).
+// Verify and chunked-prefill rows credit 4 * d FLOPs per visited (query, key) pair (causal,
+// bottom-right aligned) to the paged and to the contiguous forward alike; their ratio is the
+// cost of reading K/V through a block table.
+//
+// Workloads: 32 query heads, 8 K/V heads, head_dim 128, page_size 16, block tables shuffled
+// (pages in random pool order), N(0, 1)-like data. Decode: B 8 at contexts 1k, 4k, 16k and
+// B 1 at 16k and 64k, fp32 and bf16. Verify: B 8, context 4k, 4 and 8 new tokens; chunked
+// prefill: B 1, context 4k, a 256-token chunk. plan: plan_paged for B 8 at 4k (what a
+// decode step does once for all its layers) next to one decode step of one layer.
+//
+//   bench_paged --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   bench_paged --benchmark_filter=decode/fp32      # one group
+// Threads: the default Execution (all hardware threads, or OMP_NUM_THREADS).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ceilings.hpp"
+#include "tileattn/tileattn.hpp"
+
+namespace {
+
+using tileattn::index_t;
+constexpr index_t heads_q = 32, heads_kv = 8, head_dim = 128, page_size = 16;
+
+/// A paged batch: B sequences of `context` keys in shuffled pages, q_len new tokens each.
+template <class T>
+struct PagedWorkload {
+  index_t batch, context, q_len;
+  index_t max_pages, num_pages;
+  std::vector<T, tileattn::LineAlignedAllocator<T>> k_pool, v_pool;
+  std::vector<T> q, o, k_flat, v_flat;  // k_flat / v_flat: the same keys contiguous (verify rows)
+  std::vector<float> lse;
+  std::vector<std::int32_t> table, seqlens;
+
+  PagedWorkload(index_t b, index_t ctx, index_t nq, bool contiguous_copy)
+      : batch(b), context(ctx), q_len(nq), max_pages((ctx + page_size - 1) / page_size), num_pages(b * max_pages) {
+    const auto row = static_cast<std::size_t>(heads_kv * head_dim);
+    k_pool.resize(static_cast<std::size_t>(num_pages * page_size) * row);
+    v_pool.resize(k_pool.size());
+    std::uint32_t state = 12345u;
+    const auto next = [&] {  // cheap values in [-2, 2): the timing does not depend on them
+      state = state * 1664525u + 1013904223u;
+      return tileattn::from_float<T>(static_cast<float>(state >> 8) / 4194304.0f - 2.0f);
+    };
+    for (auto& x : k_pool) x = next();
+    for (auto& x : v_pool) x = next();
+    std::vector<std::int32_t> order(static_cast<std::size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(7));
+    table = order;
+    seqlens.assign(static_cast<std::size_t>(b), static_cast<std::int32_t>(ctx));
+    q.resize(static_cast<std::size_t>(b * nq * heads_q * head_dim));
+    for (auto& x : q) x = next();
+    o.resize(q.size());
+    lse.resize(static_cast<std::size_t>(b * heads_q * nq));
+    if (contiguous_copy) {  // [B, ctx, heads_kv, d] gathered from the pages
+      k_flat.resize(static_cast<std::size_t>(b * ctx) * row);
+      v_flat.resize(k_flat.size());
+      for (index_t s = 0; s < b; ++s)
+        for (index_t t = 0; t < ctx; ++t) {
+          const auto page = static_cast<std::size_t>(table[static_cast<std::size_t>(s * max_pages + t / page_size)]);
+          const std::size_t from = (page * page_size + static_cast<std::size_t>(t % page_size)) * row;
+          const std::size_t to = static_cast<std::size_t>(s * ctx + t) * row;
+          std::copy_n(k_pool.begin() + static_cast<std::ptrdiff_t>(from), row, k_flat.begin() + static_cast<std::ptrdiff_t>(to));
+          std::copy_n(v_pool.begin() + static_cast<std::ptrdiff_t>(from), row, v_flat.begin() + static_cast<std::ptrdiff_t>(to));
+        }
+    }
+  }
+
+  tileattn::TensorView<const T> q_view() const { return tileattn::make_bshd<const T>(q.data(), batch, q_len, heads_q, head_dim); }
+  tileattn::TensorView<T> o_view() { return tileattn::make_bshd(o.data(), batch, q_len, heads_q, head_dim); }
+  tileattn::LseView lse_view() { return tileattn::make_lse(lse.data(), batch, heads_q, q_len); }
+  tileattn::TensorView<const T> pool(const auto& p) const {
+    return tileattn::make_bshd<const T>(p.data(), num_pages, page_size, heads_kv, head_dim);
+  }
+  tileattn::BlockTableView block_table() const { return tileattn::make_block_table(table.data(), batch, max_pages); }
+
+  tileattn::PagedOptions options() const {
+    tileattn::PagedOptions opts;
+    opts.causal = q_len > 1;
+    return opts;
+  }
+  void paged() {
+    tileattn::forward_paged<T>(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, o_view(), lse_view(),
+                               options());
+  }
+  void paged(const tileattn::PagedPlan& plan) {
+    tileattn::forward_paged<T>(plan, q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, o_view(),
+                               lse_view(), options());
+  }
+  tileattn::PagedPlan plan() const {
+    auto* self = const_cast<PagedWorkload*>(this);
+    return tileattn::plan_paged<T>(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, self->o_view(),
+                                   self->lse_view(), options());
+  }
+  void contiguous() {
+    const auto kv = [&](const std::vector<T>& x) {
+      return tileattn::make_bshd<const T>(x.data(), batch, context, heads_kv, head_dim);
+    };
+    tileattn::forward(q_view(), kv(k_flat), kv(v_flat), o_view(), lse_view(), options());
+  }
+
+  double kv_bytes() const { return 2.0 * static_cast<double>(batch * context * heads_kv * head_dim) * sizeof(T); }
+  /// 4 d FLOPs per visited (query, key) pair: causal bottom-right, q_len new tokens.
+  double flops() const {
+    const double n = static_cast<double>(q_len), keys = static_cast<double>(context);
+    const double pairs = n * (keys - n) + n * (n + 1) / 2;
+    return 4.0 * static_cast<double>(head_dim) * pairs * static_cast<double>(batch * heads_q);
+  }
+};
+
+/// One workload per (type, shape), built outside every timed loop; the previous one is
+/// freed first (the 16k and 64k contexts take up to 1 GiB).
+template <class T>
+PagedWorkload<T>& workload(index_t b, index_t ctx, index_t nq, bool contiguous_copy) {
+  static std::unique_ptr<PagedWorkload<T>> cached;
+  if (!cached || cached->batch != b || cached->context != ctx || cached->q_len != nq ||
+      cached->k_flat.empty() == contiguous_copy) {
+    cached.reset();
+    cached = std::make_unique<PagedWorkload<T>>(b, ctx, nq, contiguous_copy);
+  }
+  return *cached;
+}
+
+int threads() { return tileattn::worker_count(tileattn::Execution{}); }
+
+template <class Body>
+void timed(benchmark::State& state, Body body) {
+  for (auto _ : state) {
+    const auto start = tileattn::bench::Clock::now();
+    body();
+    state.SetIterationTime(std::chrono::duration<double>(tileattn::bench::Clock::now() - start).count());
+  }
+}
+
+template <class T>
+void decode(benchmark::State& state) {
+  auto& w = workload<T>(state.range(0), state.range(1), 1, false);
+  w.paged();  // warm: first-touch of the outputs and scratch
+  timed(state, [&] { w.paged(); });
+  const double stream = tileattn::bench::stream_read_gbps(threads());
+  state.counters["KV_GB/s"] = benchmark::Counter(w.kv_bytes() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["stream_GB/s"] = stream;
+  state.counters["of_stream"] = benchmark::Counter(w.kv_bytes() * 1e-9 / stream, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class T>
+void verify(benchmark::State& state, bool paged) {
+  auto& w = workload<T>(state.range(0), state.range(1), state.range(2), true);
+  if (paged) {
+    w.paged();
+    timed(state, [&] { w.paged(); });
+  } else {
+    w.contiguous();
+    timed(state, [&] { w.contiguous(); });
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(w.flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void plan_cost(benchmark::State& state) {
+  auto& w = workload<float>(8, 4096, 1, false);
+  timed(state, [&] { benchmark::DoNotOptimize(w.plan()); });
+}
+
+void decode_with_plan(benchmark::State& state) {
+  auto& w = workload<float>(8, 4096, 1, false);
+  const tileattn::PagedPlan plan = w.plan();
+  w.paged(plan);
+  timed(state, [&] { w.paged(plan); });
+}
+
+void register_all() {
+  const std::vector<std::pair<index_t, index_t>> decodes{{8, 1024}, {8, 4096}, {8, 16384}, {1, 16384}, {1, 65536}};
+  for (const auto& [b, ctx] : decodes) {
+    benchmark::RegisterBenchmark("decode/fp32", decode<float>)->Args({b, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("decode/bf16", decode<tileattn::bf16>)->Args({b, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+  const std::vector<std::array<index_t, 3>> verifies{{8, 4096, 4}, {8, 4096, 8}, {1, 4096, 256}};
+  for (const auto& v : verifies)
+    for (bool paged : {true, false})
+      benchmark::RegisterBenchmark(paged ? "verify/paged/fp32" : "verify/contiguous/fp32",
+                                   [paged](benchmark::State& s) { verify<float>(s, paged); })
+          ->Args({v[0], v[1], v[2]})->ArgNames({"B", "ctx", "q"})->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("plan/B:8/ctx:4096", plan_cost)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("decode_with_plan/fp32/B:8/ctx:4096", decode_with_plan)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  register_all();
+  benchmark::AddCustomContext("threads", std::to_string(threads()));
+  benchmark::AddCustomContext("stream_read_GB/s", std::to_string(tileattn::bench::stream_read_gbps(threads())));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}
