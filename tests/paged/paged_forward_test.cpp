@@ -162,5 +162,36 @@ TEST(PagedForward, CountsEachPageOncePerGroupOfQueryHeads) {
   EXPECT_EQ(io.bytes_written, (batch.o.size() + batch.lse.size()) * sizeof(float));
 }
 
+TEST(PagedForward, NonFiniteKeysAndValuesAsTheReferenceSaysInPlaceAndPacked) {
+  // Decoding reads K/V in place (4 query rows per group), verify with 4 tokens packs them
+  // (16 rows): both must follow the reference's NaN and Inf rules. Sequence 0: an Inf value
+  // of a key the window hides; 1: a NaN key it shows; 2: an Inf value it shows.
+  for (index_t q_len : {1, 4}) {
+    PagedShape s{{300, 300, 300}, q_len, 8, 2, 64, 0, 16};
+    PagedBatch<float> batch(s, 21);
+    const float inf = std::numeric_limits<float>::infinity();
+    const auto poke = [&](std::vector<std::vector<float>>& seq, std::vector<float, LineAlignedAllocator<float>>& pool,
+                          index_t b, index_t key, float value) {
+      const index_t row = s.heads_kv * s.head_dim;
+      seq[b][static_cast<std::size_t>(key * row + 5)] = value;
+      const index_t page = batch.table[static_cast<std::size_t>(b * batch.max_pages + key / s.page_size)];
+      pool[static_cast<std::size_t>((page * s.page_size + key % s.page_size) * row + 5)] = value;
+    };
+    poke(batch.v_seq, batch.v_pool, 0, 195, inf);  // in a loaded key tile, just outside the window
+    poke(batch.k_seq, batch.k_pool, 1, 290, std::numeric_limits<float>::quiet_NaN());
+    poke(batch.v_seq, batch.v_pool, 2, 295, inf);
+    PagedOptions opt;
+    opt.causal = true;
+    opt.window_left = 100;
+    for (index_t splits : {1, 0}) {
+      opt.num_splits = splits;
+      batch.reset_outputs();
+      batch.run(opt);
+      SCOPED_TRACE("q_len " + std::to_string(q_len) + " num_splits " + std::to_string(splits));
+      expect_close(batch.against_reference(opt));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tileattn::test

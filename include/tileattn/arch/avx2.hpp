@@ -435,6 +435,7 @@ void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const b
 }
 using generic::gemm_nt_rows;
 using generic::gemm_rows;
+using generic::touch_rows;
 using generic::interleave_pairs;
 using generic::interleave_rounded;
 using generic::round_to_pairs;

@@ -723,22 +723,42 @@ inline void gemm_rows_panel(index_t m, index_t k, const float* a, index_t lda, c
 }
 }  // namespace detail
 
+/// Reads every whole cache line of rows[0..n) (`bytes` each; a partial last line is only
+/// prefetched, so no load passes a row's end), row by row with one load instruction per
+/// line position, so each instruction steps from row to row by the rows' spacing and the
+/// hardware's stride prefetchers run ahead of it: K/V rows read in place come into cache in
+/// one streaming pass before the products use them.
+inline void touch_rows(const void* const* rows, index_t n, index_t bytes) {
+  const index_t lines = bytes / 64;
+  __m512i seen = _mm512_setzero_si512();
+  for (index_t r = 0; r < n; ++r) {
+    const char* x = static_cast<const char*>(rows[r]);
+    index_t l = 0;
+    for (; l + 8 <= lines; l += 8) {
+#pragma GCC unroll 8
+      for (int u = 0; u < 8; ++u) seen = _mm512_or_si512(seen, _mm512_loadu_si512(x + 64 * (l + u)));
+    }
+    for (; l + 4 <= lines; l += 4) {
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) seen = _mm512_or_si512(seen, _mm512_loadu_si512(x + 64 * (l + u)));
+    }
+    for (; l < lines; ++l) seen = _mm512_or_si512(seen, _mm512_loadu_si512(x + 64 * l));
+    if (bytes % 64) _mm_prefetch(x + 64 * lines, _MM_HINT_T0);
+  }
+  asm volatile("" : : "v"(seen));  // the loads are the point
+}
+
 /// C (M x N) = A (M x K) * B^T, B given by its N rows b_rows[j] (K elements each, float,
-/// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place. While it reads
-/// keys it asks the cache for ahead[j] (ahead_bytes each; nullptr: none), the rows the next
-/// product reads. Blocks of 2 rows of A x 8 keys; each dot product sums 16 lanes, then
-/// reduces them in generic::dot_lanes_sum's order.
+/// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place. Blocks of 2 rows of
+/// A x 8 keys; each dot product sums 16 lanes, then reduces them in generic::dot_lanes_sum's
+/// order.
 template <class E>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
-                  float* c, index_t ldc, const void* const* ahead = nullptr, index_t ahead_bytes = 0) {
+                  float* c, index_t ldc) {
   for (index_t j0 = 0; j0 < n; j0 += 8) {
     const index_t nj = n - j0 < 8 ? n - j0 : 8;
     const E* rows[8];
     for (index_t j = 0; j < 8; ++j) rows[j] = b_rows[j0 + (j < nj ? j : 0)];  // a real row stands in past n
-    if (ahead)
-      for (index_t j = j0; j < j0 + nj; ++j)
-        for (index_t byte = 0; byte < ahead_bytes; byte += 64)
-          _mm_prefetch(static_cast<const char*>(ahead[j]) + byte, _MM_HINT_T0);
     index_t i = 0;
     for (; i + 2 <= m; i += 2) detail::gemm_nt_block<2>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
     if (i < m) detail::gemm_nt_block<1>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);

@@ -67,11 +67,9 @@ float as_float(Half x) { return tileattn::to_float(x); }
 /// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place
 /// (ops::matmul_transposed). Each element is a dot product summed in 16 interleaved
 /// partial sums (p mod 16), then those pairwise (dot_lanes_sum), as the SIMD sets sum it.
-/// ahead (nullptr: none) names rows the caller reads next, which SIMD sets prefetch.
 template <class E>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
-                  float* c, index_t ldc, const void* const* ahead = nullptr, index_t ahead_bytes = 0) {
-  (void)ahead, (void)ahead_bytes;
+                  float* c, index_t ldc) {
   for (index_t i = 0; i < m; ++i)
     for (index_t j = 0; j < n; ++j) {
       float lanes[16] = {};
@@ -85,6 +83,10 @@ void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, 
       c[i * ldc + j] = dot_lanes_sum(lanes);
     }
 }
+
+/// Brings rows[0..n) (`bytes` each) into cache ahead of the products that read them in
+/// place; a hint, which the scalar set leaves to the hardware.
+inline void touch_rows(const void* const*, index_t, index_t) {}
 
 /// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements of E, anywhere in
 /// memory): P V with the values read in place, summed over p in order as gemm does.

@@ -101,9 +101,8 @@ struct ForwardTiles {
 };
 
 /// What a work item that reads K and V in place keeps in SRAM: float Q, S, O and the row
-/// statistics as ForwardTiles, and instead of K^T and V tiles, the addresses of the key
-/// and value rows of this key tile and of the next tile's keys (storage type T, converted
-/// in registers by the products).
+/// statistics as ForwardTiles, and instead of K^T and V tiles the addresses of the key and
+/// value rows of the key tile (storage type T, converted in registers by the products).
 template <class T>
 struct InPlaceTiles {
   static constexpr bool pairs = false;
@@ -111,11 +110,11 @@ struct InPlaceTiles {
   Tile<float> q, s, o;
   ops::RowStats stats;
   TileVector<float> lse;
-  RowRefs<T> k_rows, v_rows, k_next;
+  RowRefs<T> k_rows, v_rows;
 
   static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv) {
     return Tile<float>::footprint(br, d) + Tile<float>::footprint(br, bc) + Tile<float>::footprint(br, dv) +
-           3 * TileVector<float>::footprint(br) + 3 * RowRefs<T>::footprint(bc);
+           3 * TileVector<float>::footprint(br) + 2 * RowRefs<T>::footprint(bc);
   }
   /// Rows of a work item that reads in place: at most in_place_max_rows.
   static index_t rows(const TilePlan& plan) { return std::min(plan.packed_rows(), in_place_max_rows); }
@@ -129,7 +128,6 @@ struct InPlaceTiles {
     t.lse = TileVector<float>::carve(arena, br);
     t.k_rows = RowRefs<T>::carve(arena, bc);
     t.v_rows = RowRefs<T>::carve(arena, bc);
-    t.k_next = RowRefs<T>::carve(arena, bc);
     return t;
   }
 };
@@ -162,55 +160,37 @@ struct PagedKv {
   }
 };
 
-/// Rows read in place that the products request from memory while they work: V of this
-/// tile during Q K^T, K of the next tile during P V (FlashAttention-3's overlap of the next
-/// tile's copy with this tile's math, with the cache as the copy engine).
-template <class E>
-struct ReadAhead {
-  const RowRefs<E>* during_scores = nullptr;
-  const RowRefs<E>* during_values = nullptr;
-};
-struct NoReadAhead {};
-
 namespace detail {
 /// S = Q K^T from a K^T tile or from key rows read in place; O += P V likewise.
 template <class Op>
-void scores(Tile<float>& s, const Tile<Op>& q, const Tile<Op>& k_t, NoReadAhead) { ops::matmul(s, q, k_t); }
+void scores(Tile<float>& s, const Tile<Op>& q, const Tile<Op>& k_t) { ops::matmul(s, q, k_t); }
 template <class E>
-void scores(Tile<float>& s, const Tile<float>& q, const RowRefs<E>& k, const ReadAhead<E>& ahead) {
-  ops::matmul_transposed(s, q, k, ahead.during_scores);
-}
-template <class Op>
-void add_values(Tile<float>& o, const Tile<Op>& p, const Tile<Op>& v, NoReadAhead) { ops::matmul_accumulate(o, p, v); }
-template <class E>
-void add_values(Tile<float>& o, const Tile<float>& p, const RowRefs<E>& v, const ReadAhead<E>& ahead) {
-  ops::matmul_accumulate(o, p, v, ahead.during_values);
-}
+void scores(Tile<float>& s, const Tile<float>& q, const RowRefs<E>& k) { ops::matmul_transposed(s, q, k); }
 }  // namespace detail
 
 /// One key tile's work for the packed rows `rows`, which start at row first_row of the
 /// tiles, with K and V as tiles (k_t, v) or read in place (RowRefs). A V tile with an Inf
 /// or NaN takes the row-by-row path that never multiplies it by the zero probability of a
-/// masked key.
-template <class Tiles, class KeyOperand, class ValueOperand, class Ahead, class Io>
+/// masked key; values_finite (-1: not yet known) is checked once per tile, after Q K^T.
+template <class Tiles, class KeyOperand, class ValueOperand, class Io>
 void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const ops::ScoreModifiers& mods,
-                     const ops::PackedRows& rows, index_t first_row, index_t col0, bool values_finite,
-                     const Ahead& ahead, Io& io) {
+                     const ops::PackedRows& rows, index_t first_row, index_t col0, int& values_finite, Io& io) {
   if (rows.count() == 0) return;
   const auto q = t.q.slice_rows(first_row, rows.count());
   Tile<float> o = t.o.slice_rows(first_row, rows.count());
   Tile<float> s = t.s.slice_rows(first_row, rows.count());
   ops::RowStats stats = t.stats.slice(first_row, rows.count());
-  detail::scores(s, q, k, ahead);                                  // (rows, Bc) raw scores
+  detail::scores(s, q, k);                                         // (rows, Bc) raw scores
   mods.apply(s, rows, col0, io);                                   // softcap, biases, masks
+  if (values_finite < 0) values_finite = ops::all_finite(v);       // after Q K^T: V has arrived
   if (values_finite) {
     if constexpr (Tiles::pairs) {
       auto p = t.p.slice_rows(first_row, rows.count());
       ops::online_softmax_step(s, stats, o, mods.to_log2(), &p);   // p := P in bf16, as on GPUs
-      detail::add_values(o, p, v, ahead);                          // (rows, dv)
+      ops::matmul_accumulate(o, p, v);                             // (rows, dv)
     } else {
       ops::online_softmax_step(s, stats, o, mods.to_log2());       // s := P (rows, Bc)
-      detail::add_values(o, s, v, ahead);                          // (rows, dv)
+      ops::matmul_accumulate(o, s, v);                             // (rows, dv)
     }
   } else {
     ops::online_softmax_step_visible_values(s, stats, o, v, mods.to_log2());
@@ -219,34 +199,33 @@ void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const
 
 /// Every packed row's work on one key tile, or, where the window hides some of them from
 /// this tile, each head's rows that see it (rows masked off are not computed).
-template <class Tiles, class KeyOperand, class ValueOperand, class Ahead, class Io>
+template <class Tiles, class KeyOperand, class ValueOperand, class Io>
 void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, const ops::ScoreModifiers& mods,
-                         const ops::PackedRows& rows, index_t col0, index_t cols, const Ahead& ahead, Io& io) {
-  const bool values_finite = ops::all_finite(v);
+                         const ops::PackedRows& rows, index_t col0, index_t cols, Io& io) {
+  int values_finite = -1;  // whether V holds no Inf or NaN: -1 until the first product asks
   const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
   if (hi - lo == rows.positions) {
-    attend_key_tile(t, k, v, mods, rows, 0, col0, values_finite, ahead, io);
+    attend_key_tile(t, k, v, mods, rows, 0, col0, values_finite, io);
     return;
   }
   for (index_t g = 0; g < rows.heads; ++g)
     attend_key_tile(t, k, v, mods, {rows.head0 + g, 1, lo, hi - lo}, g * rows.positions + lo - rows.position0,
-                    col0, values_finite, g == 0 ? ahead : Ahead{}, io);
+                    col0, values_finite, io);
 }
 
-/// The key loop with K and V read in place: the tile's key and value rows are pointers into
-/// main memory (counted as read once); while Q K^T reads this tile's keys it requests its
-/// values, and while P V reads them it requests the next tile's keys.
+/// The key loop with K and V read in place: a tile's key and value rows are addresses in
+/// main memory (counted as read once), streamed into cache in one pass (touch_rows, which
+/// the hardware prefetchers follow) before the products read them there.
 template <class T, class Src, class Io>
 void attend_in_place(InPlaceTiles<T>& t, const Src& k, const Src& v, const ops::ScoreModifiers& mods,
                      const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
-  if (col_begin < key_end) load_row_refs(t.k_rows, k, col_begin, std::min(bc, key_end - col_begin), io);
   for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
-    const index_t cols = std::min(bc, key_end - col0), next = col0 + cols;
-    load_row_refs(t.v_rows, v, col0, cols, io);
-    t.k_next.set_extent(0, k.cols);
-    if (next < key_end) load_row_refs(t.k_next, k, next, std::min(bc, key_end - next), io);
-    attend_visible_rows(t, t.k_rows, t.v_rows, mods, rows, col0, cols, ReadAhead<T>{&t.v_rows, &t.k_next}, io);
-    std::swap(t.k_rows, t.k_next);
+    const index_t cols = std::min(bc, key_end - col0);
+    load_row_refs(t.k_rows, k, col0, cols, io);                    // (Bc) key rows
+    load_row_refs(t.v_rows, v, col0, cols, io);                    // (Bc) value rows
+    touch_rows(t.k_rows);
+    touch_rows(t.v_rows);
+    attend_visible_rows(t, t.k_rows, t.v_rows, mods, rows, col0, cols, io);
   }
 }
 
@@ -299,7 +278,7 @@ void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, const ops::S
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
     }
-    attend_visible_rows(t, t.k_t, t.v, mods, rows, col0, cols, NoReadAhead{}, io);
+    attend_visible_rows(t, t.k_t, t.v, mods, rows, col0, cols, io);
   }
 }
 

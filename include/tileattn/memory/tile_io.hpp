@@ -192,6 +192,14 @@ void load_row_refs(RowRefs<std::remove_const_t<typename Src::element_type>>& dst
   io.read(static_cast<std::uint64_t>(rows * src.cols) * sizeof(S));
 }
 
+/// Brings the rows a RowRefs tile points at into cache in one streaming pass (they were
+/// counted when the tile was loaded): the in-place products then read them from cache.
+template <class T>
+void touch_rows(const RowRefs<T>& tile) {
+  arch::native::touch_rows(reinterpret_cast<const void* const*>(tile.data()), tile.rows(),
+                           tile.cols() * static_cast<index_t>(sizeof(T)));
+}
+
 /// Asks the cache hierarchy for rows [row0, row0 + rows) of src ahead of their load (into
 /// L2: the CPU's stand-in for FlashAttention-3's asynchronous copy of the next K/V tile
 /// while the current one is computed). Moves no data through the IO counter.

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cassert>
-#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -33,27 +32,18 @@ void matmul_accumulate(TileC& c, const TileA& a, const TileB& b) {
 }
 
 /// c = a * b^T for rows b read in place (S = Q K^T with K's rows where they are, float,
-/// bf16 or fp16). With `ahead`, its rows are requested from memory while b's are read (the
-/// next product's).
+/// bf16 or fp16, converted in registers).
 template <class TileC, class TileA, class E>
-void matmul_transposed(TileC& c, const TileA& a, const RowRefs<E>& b, const RowRefs<E>* ahead = nullptr) {
-  assert(a.cols() == b.cols() && (!ahead || ahead->rows() >= b.rows()));
+void matmul_transposed(TileC& c, const TileA& a, const RowRefs<E>& b) {
+  assert(a.cols() == b.cols());
   c.set_extent(a.rows(), b.rows());
-  arch::native::gemm_nt_rows(a.rows(), b.rows(), a.cols(), a.data(), a.ld(), b.data(), c.data(), c.ld(),
-                             ahead ? reinterpret_cast<const void* const*>(ahead->data()) : nullptr,
-                             ahead ? static_cast<index_t>(ahead->cols() * sizeof(E)) : 0);
+  arch::native::gemm_nt_rows(a.rows(), b.rows(), a.cols(), a.data(), a.ld(), b.data(), c.data(), c.ld());
 }
 
-/// c += a * b for rows b read in place (O += P V), in the order of sums of
-/// matmul_accumulate. With `ahead`, its rows are requested from memory first (the next
-/// tile's keys), spread over the product's column panels.
+/// c += a * b for rows b read in place (O += P V), in the order of sums of matmul_accumulate.
 template <class TileC, class TileA, class E>
-void matmul_accumulate(TileC& c, const TileA& a, const RowRefs<E>& b, const RowRefs<E>* ahead = nullptr) {
+void matmul_accumulate(TileC& c, const TileA& a, const RowRefs<E>& b) {
   assert(a.cols() == b.rows() && c.rows() == a.rows() && c.cols() == b.cols());
-  if (ahead)
-    for (index_t r = 0; r < ahead->rows(); ++r)
-      for (index_t byte = 0; byte < static_cast<index_t>(ahead->cols() * sizeof(E)); byte += 64)
-        __builtin_prefetch(reinterpret_cast<const char*>(ahead->row(r)) + byte, 0, 3);
   arch::native::gemm_rows(a.rows(), b.cols(), a.cols(), a.data(), a.ld(), b.data(), c.data(), c.ld());
 }
 
