@@ -42,13 +42,14 @@ run_tsan() {
   local targets=(backend_parallel_for_test backend_tsan_canary variants_combinations_test
                  variants_nonfinite_test kernels_forward_test variants_gqa_test variants_varlen_test
                  kernels_forward_precision_test variants_nonfinite_storage_test
-                 kernels_backward_determinism_test kernels_backward_test)
+                 kernels_backward_determinism_test kernels_backward_test paged_forward_test
+                 paged_merge_states_test)
   cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
   OMP_TOOL_LIBRARIES="$llvm_lib/libarcher.so" \
   TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 suppressions=$repo_root/tests/tsan.supp" \
   TILEATTN_DETERMINISM_REPEATS=20 \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" \
-      -R "^(backend_parallel_for_test|backend_tsan_canary|variants_combinations_test|variants_nonfinite_test|kernels_forward_test|variants_gqa_test|variants_varlen_test|kernels_forward_precision_test|variants_nonfinite_storage_test|kernels_backward_determinism_test|kernels_backward_test):" \
+      -R "^(backend_parallel_for_test|backend_tsan_canary|variants_combinations_test|variants_nonfinite_test|kernels_forward_test|variants_gqa_test|variants_varlen_test|kernels_forward_precision_test|variants_nonfinite_storage_test|kernels_backward_determinism_test|kernels_backward_test|paged_forward_test|paged_merge_states_test):" \
       -E "SmallShapes|LongShapes|EveryCombination|BackwardLarge"
 }
 

@@ -14,10 +14,10 @@ THREADS=${THREADS:-16 2}
 DTYPES=${DTYPES:-fp32 bf16}
 SHAPES=${SHAPES:-"8 1024 32 8 128;8 4096 32 8 128;8 16384 32 8 128;1 16384 32 8 128;1 65536 32 8 128"}
 CORES=$(nproc)
-stats() { awk '{for (i = 1; i < NF; i++) { if ($i == "median") m = $(i+1); if ($i == "min") lo = $(i+1); if ($i == "max") hi = $(i+1); if ($i == "hash") h = $(i+1) }}
-               END { if (m != "") print m, lo, hi, h }'; }
+stats() { awk '{for (i = 1; i < NF; i++) { if ($i == "median") m = $(i+1); if ($i == "min") lo = $(i+1); if ($i == "max") hi = $(i+1); if ($i == "hash") h = $(i+1); if ($i == "of_stream") f = $(i+1) }}
+               END { if (m != "") print m, lo, hi, h, f }'; }
 echo "=== decode (1 query token): K/V GB/s median (min-max) of $R runs; ratio = tileattn / torch"
-printf "%-5s %-22s %3s  %-25s %-25s %6s  %s\n" type "B ctx Hq Hkv d" thr tileattn torch ratio "tileattn O hash"
+printf "%-5s %-22s %3s  %-25s %-25s %6s %9s  %s\n" type "B ctx Hq Hkv d" thr tileattn torch ratio of_stream "tileattn O hash"
 IFS=';' read -r -a shapes <<< "$SHAPES"
 for dt in $DTYPES; do
   for shape in "${shapes[@]}"; do
@@ -30,7 +30,7 @@ for dt in $DTYPES; do
         sa = na >= 3 ? sprintf("%7.2f (%.2f-%.2f)", x[1], x[2], x[3]) : sprintf("%7s", "n/a");
         sb = nb >= 3 ? sprintf("%7.2f (%.2f-%.2f)", y[1], y[2], y[3]) : sprintf("%7s", "n/a");
         r = na >= 3 && nb >= 3 && y[1] > 0 ? sprintf("%6.2f", x[1] / y[1]) : "   n/a";
-        printf "%-5s %-22s %3d  %-25s %-25s %6s  %s\n", dt, s, t, sa, sb, r, na == 4 ? x[4] : "" }'
+        printf "%-5s %-22s %3d  %-25s %-25s %6s %9s  %s\n", dt, s, t, sa, sb, r, na == 5 ? x[5] : "", na == 5 ? x[4] : "" }'
     done
   done
 done

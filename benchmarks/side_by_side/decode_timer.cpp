@@ -1,7 +1,8 @@
 // benchmarks/side_by_side/decode_timer.cpp: one tileattn paged decode step (forward_paged,
 // seqlen_q 1) on B sequences of CTX cached keys in shuffled 16-token pages: median, min and
-// max K/V GB/s (bytes in the stored type) of R timed runs after one warm-up, and a hash of O
-// (equal hashes across thread counts: bitwise-equal outputs).
+// max K/V GB/s (bytes in the stored type) of R timed runs after one warm-up, the fraction of
+// a streaming read on the same threads (benchmarks/ceilings.hpp) the median reaches, and a
+// hash of O (equal hashes across thread counts: bitwise-equal outputs).
 //   decode_timer B CTX HEADS_Q HEADS_KV D THREADS REPEATS [fp32|bf16]
 #include <algorithm>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../ceilings.hpp"
 #include "tileattn/tileattn.hpp"
 
 using tileattn::index_t;
@@ -55,10 +57,12 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
     std::memcpy(bits, &x, sizeof(T));
     for (auto w : bits) hash = (hash ^ w) * 1099511628211ull;
   }
-  std::printf("tileattn decode %s B %ld ctx %ld H %ld/%ld d %ld threads %2d: KV GB/s median %7.2f min %7.2f max %7.2f hash %016llx\n",
+  const double median = gb / seconds[seconds.size() / 2];
+  std::printf("tileattn decode %s B %ld ctx %ld H %ld/%ld d %ld threads %2d: KV GB/s median %7.2f min %7.2f max %7.2f "
+              "of_stream %.2f hash %016llx\n",
               sizeof(T) == 4 ? "fp32" : "bf16", static_cast<long>(b), static_cast<long>(ctx), static_cast<long>(hq),
-              static_cast<long>(hkv), static_cast<long>(d), threads, gb / seconds[seconds.size() / 2], gb / seconds.back(),
-              gb / seconds.front(), static_cast<unsigned long long>(hash));
+              static_cast<long>(hkv), static_cast<long>(d), threads, median, gb / seconds.back(), gb / seconds.front(),
+              median / tileattn::bench::stream_read_gbps(threads), static_cast<unsigned long long>(hash));
   return 0;
 }
 
