@@ -3,7 +3,8 @@
 // ruled by the rounding of the Q K^T dot products, which every implementation pays in its
 // own order. So the kernel is checked in two parts:
 //   1. after its dot products: given the fp32 scores its micro-kernel computes (the same
-//      FMA chain, replayed here through arch::native::gemm), the softmax and P V match a
+//      FMA chain, replayed here through arch::native::gemm, or gemm_nt_rows for the
+//      decode-sized shapes that read K in place), the softmax and P V match a
 //      double-precision softmax of those scores to a few ulps at every logit scale. Before
 //      the scale moved into the exponent (issue 8.8) Q was rounded after scaling by
 //      softmax_scale * log2(e), an error multiplied into every score, and this failed;
@@ -54,10 +55,17 @@ struct Attended {
   }
 };
 
-/// The fp32 score of query row i and key j in the micro-kernel's own order.
-float kernel_score(const Attended& r, index_t i, index_t j, index_t h, index_t d) {
+/// The fp32 score of query row i and key j in the micro-kernel's own order: the tile gemm's
+/// FMA chain, or, for sequences that read K in place (at most in_place_max_rows query rows
+/// per group: here one query head per K/V head, so nq rows), the dot-product kernel's.
+float kernel_score(const Attended& r, index_t nq, index_t i, index_t j, index_t h, index_t d) {
   float s = 0.0f;
-  arch::native::gemm<false>(1, 1, d, &r.q.cview()(0, i, h, 0), d, &r.k.cview()(0, j, h, 0), 1, &s, 1);
+  if (nq <= kernels::in_place_max_rows) {
+    const float* key = &r.k.cview()(0, j, h, 0);
+    arch::native::gemm_nt_rows(1, 1, d, &r.q.cview()(0, i, h, 0), d, &key, &s, 1);
+  } else {
+    arch::native::gemm<false>(1, 1, d, &r.q.cview()(0, i, h, 0), d, &r.k.cview()(0, j, h, 0), 1, &s, 1);
+  }
   return s;
 }
 
@@ -77,7 +85,7 @@ TEST(ForwardAccuracy, ExactAfterTheDotProductsAtAnyLogitScale) {
           if (visible == 0) continue;
           double m = -std::numeric_limits<double>::infinity();
           for (index_t j = 0; j < visible; ++j)
-            m = std::max(m, s[static_cast<std::size_t>(j)] = scale * kernel_score(r, i, j, h, c.d));
+            m = std::max(m, s[static_cast<std::size_t>(j)] = scale * kernel_score(r, c.nq, i, j, h, c.d));
           double sum = 0;
           for (index_t j = 0; j < visible; ++j) sum += std::exp(s[static_cast<std::size_t>(j)] - m);
           const double lse = m + std::log(sum);
