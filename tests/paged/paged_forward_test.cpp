@@ -6,6 +6,8 @@
 // across backends and thread counts; the plan/run split; exact IO counts.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "support/paged_support.hpp"
 
 namespace tileattn::test {
@@ -191,6 +193,86 @@ TEST(PagedForward, NonFiniteKeysAndValuesAsTheReferenceSaysInPlaceAndPacked) {
       expect_close(batch.against_reference(opt));
     }
   }
+}
+
+TEST(PagedForward, OnTheCacheManagerAfterForkCopyOnWritePrefixSharingAndTruncation) {
+  // A KvCache is filled, forked mid-page, shares a prefix, truncates; after each step the
+  // batch attends through cache.batch() and matches the double reference on contiguous
+  // copies the test keeps (the model), and the parent's pages stay bitwise unchanged.
+  constexpr index_t hkv = 2, hq = 6, d = 24, page = 5;
+  KvCache<float> cache({.num_layers = 1, .num_pages = 64, .page_size = page, .heads_kv = hkv, .head_dim = d});
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  std::map<SequenceId, std::vector<float>> k_model, v_model;  // [len, hkv, d] per sequence
+  const auto append = [&](SequenceId id, index_t n) {
+    std::vector<float> k(static_cast<std::size_t>(n * hkv * d)), v(k.size());
+    for (auto& x : k) x = normal(rng);
+    for (auto& x : v) x = normal(rng);
+    cache.append(id, make_bshd<const float>(k.data(), 1, n, hkv, d), make_bshd<const float>(v.data(), 1, n, hkv, d));
+    k_model[id].insert(k_model[id].end(), k.begin(), k.end());
+    v_model[id].insert(v_model[id].end(), v.begin(), v.end());
+  };
+  const auto check = [&](const std::vector<SequenceId>& ids, index_t q_len) {
+    const auto tables = cache.batch(ids);
+    const auto b = static_cast<index_t>(ids.size());
+    std::vector<float> q(static_cast<std::size_t>(b * q_len * hq * d)), o(q.size()), lse(static_cast<std::size_t>(b * hq * q_len));
+    for (auto& x : q) x = normal(rng);
+    PagedOptions opt;
+    opt.causal = true;
+    forward_paged(make_bshd<const float>(q.data(), b, q_len, hq, d), cache.k_pages(0), cache.v_pages(0),
+                  tables.block_table_view(), tables.seqlens(), make_bshd(o.data(), b, q_len, hq, d),
+                  make_lse(lse.data(), b, hq, q_len), opt);
+    for (index_t s = 0; s < b; ++s) {
+      const SequenceId id = ids[static_cast<std::size_t>(s)];
+      const index_t len = cache.length(id);
+      reference::Options ref_opt = reference::Options::from(opt);
+      const auto ref = reference::attention(
+          make_bshd<const float>(q.data() + s * q_len * hq * d, 1, q_len, hq, d),
+          make_bshd<const float>(k_model[id].data(), 1, len, hkv, d), make_bshd<const float>(v_model[id].data(), 1, len, hkv, d),
+          ref_opt);
+      const Deviation dev = compare_to_reference(ref, make_bshd<const float>(o.data() + s * q_len * hq * d, 1, q_len, hq, d),
+                                                 make_lse(lse.data() + s * hq * q_len, 1, hq, q_len));
+      EXPECT_TRUE(dev.problem.empty()) << dev.problem;
+      EXPECT_LE(dev.o, forward_o_tolerance) << "sequence " << id;
+      EXPECT_LE(dev.lse, forward_lse_tolerance) << "sequence " << id;
+    }
+  };
+  const auto pages_of = [&](SequenceId id) {  // the sequence's K rows as the cache holds them
+    std::vector<float> rows;
+    const auto pool = cache.k_pages(0);
+    for (index_t t = 0; t < cache.length(id); ++t) {
+      const std::int32_t p = cache.pages(id)[static_cast<std::size_t>(t / page)];
+      const float* row = &pool(p, t % page, 0, 0);
+      rows.insert(rows.end(), row, row + hkv * d);
+    }
+    return rows;
+  };
+  const SequenceId parent = cache.create();
+  append(parent, 12);  // 2 full pages and 2 tokens of a third
+  check({parent}, 3);
+  const SequenceId child = cache.fork(parent);
+  k_model[child] = k_model[parent];
+  v_model[child] = v_model[parent];
+  const auto parent_before = pages_of(parent);
+  append(child, 4);    // copy-on-write of the shared third page
+  EXPECT_NE(cache.pages(child)[2], cache.pages(parent)[2]);
+  EXPECT_EQ(pages_of(parent), parent_before);
+  const SequenceId prefix = cache.share_prefix(parent, 10);  // two full pages adopted
+  k_model[prefix].assign(k_model[parent].begin(), k_model[parent].begin() + 10 * hkv * d);
+  v_model[prefix].assign(v_model[parent].begin(), v_model[parent].begin() + 10 * hkv * d);
+  append(prefix, 7);
+  append(parent, 1);
+  const auto parent_after = pages_of(parent);
+  EXPECT_EQ(std::vector<float>(parent_after.begin(), parent_after.begin() + 12 * hkv * d), parent_before);
+  check({parent, child, prefix}, 1);  // decode
+  check({parent, child, prefix}, 4);  // verify 4 draft tokens
+  cache.truncate(child, 13);          // reject 3 drafts
+  k_model[child].resize(static_cast<std::size_t>(13 * hkv * d));
+  v_model[child].resize(static_cast<std::size_t>(13 * hkv * d));
+  append(child, 2);
+  check({child, parent, prefix}, 2);
+  for (SequenceId id : {parent, child, prefix}) cache.free(id);
+  EXPECT_EQ(cache.free_pages(), cache.num_pages());
 }
 
 }  // namespace
