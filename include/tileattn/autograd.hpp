@@ -41,7 +41,7 @@ class Attention {
 
   /// dq, dk, dv from dO for the last forward() (options.dsinks / dbias, when set, too).
   void backward(TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv) const {
-    detail::require(saved_, "backward", "called before a successful forward()");
+    TILEATTN_REQUIRE(saved_, "backward", "called before a successful forward()");
     tileattn::backward(q_, k_, v_, o_, lse(), dout, dq, dk, dv, options_);
   }
 

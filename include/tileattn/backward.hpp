@@ -65,7 +65,7 @@ template <int R>
 void check_saved_lse(const StridedView<const float, R>& lse,
                      const std::array<index_t, static_cast<std::size_t>(R)>& want,
                      const std::array<const char*, static_cast<std::size_t>(R)>& names) {
-  require(lse.data != nullptr, "lse", "data is null (the backward needs the forward's log-sum-exp)");
+  TILEATTN_REQUIRE(lse.data != nullptr, "lse", "data is null (the backward needs the forward's log-sum-exp)");
   check_lse(StridedView<float, R>{const_cast<float*>(lse.data), lse.shape, lse.stride}, want, names);  // only read
 }
 

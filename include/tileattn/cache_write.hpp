@@ -59,7 +59,7 @@ void check_rows_match_pool(const StridedView<T, 3>& rows, const std::string& row
                            const std::array<const char*, 3>& rows_dims, const PagePoolView<U>& pool,
                            const std::string& pool_name) {
   for (int d : {1, 2})
-    require(rows.shape[d] == pool.shape[d + 1], dim_name(rows_name, "shape", d, rows_dims[d]),
+    TILEATTN_REQUIRE(rows.shape[d] == pool.shape[d + 1], dim_name(rows_name, "shape", d, rows_dims[d]),
             "must equal " + pool_name + ".shape[" + std::to_string(d + 1) + "] = " +
                 std::to_string(pool.shape[d + 1]) + ", got " + std::to_string(rows.shape[d]));
 }
@@ -88,14 +88,15 @@ void check_kv_write(const StridedView<const T, 3>& k_new, const StridedView<cons
 /// One slot per token, each in [-1, num_slots), no slot twice.
 inline void check_slot_mapping(std::span<const std::int64_t> slots, index_t num_tokens,
                                index_t num_slots) {
-  require(static_cast<index_t>(slots.size()) == num_tokens, "slot_mapping",
+  TILEATTN_REQUIRE(static_cast<index_t>(slots.size()) == num_tokens, "slot_mapping",
           "has " + std::to_string(slots.size()) + " entries, k_new has " + std::to_string(num_tokens) +
               " tokens");
   std::vector<std::pair<std::int64_t, std::size_t>> used;  // (slot, index), slots >= 0
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    require(slots[i] >= -1 && slots[i] < num_slots, "slot_mapping",
-            "slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slots[i]) +
-                " is outside [-1, num_pages x page_size = " + std::to_string(num_slots) + ")");
+    if (slots[i] < -1 || slots[i] >= num_slots)  // the message is built only on failure
+      throw invalid_argument("slot_mapping", "slot_mapping[" + std::to_string(i) + "] = " + std::to_string(slots[i]) +
+                                                 " is outside [-1, num_pages x page_size = " +
+                                                 std::to_string(num_slots) + ")");
     if (slots[i] >= 0) used.emplace_back(slots[i], i);
   }
   std::sort(used.begin(), used.end());

@@ -108,7 +108,7 @@ ForwardParams<T> make_params(TensorView<const T> q, TensorView<const T> k, Tenso
 }
 
 inline void check_budget(const ForwardOptions& options) {
-  require(options.sram_budget_bytes <= max_sram_budget_bytes, "sram_budget_bytes",
+  TILEATTN_REQUIRE(options.sram_budget_bytes <= max_sram_budget_bytes, "sram_budget_bytes",
           "must be at most " + std::to_string(max_sram_budget_bytes) + " (1 GiB; 0: the per-core cache), got " +
               std::to_string(options.sram_budget_bytes));
 }
@@ -145,11 +145,11 @@ void forward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v
 /// points p at them (the forward's and the backward's varlen entry points).
 template <class T>
 void set_sequences(ForwardParams<T>& p, const VarlenSequences& seqs, index_t total_q, index_t total_k) {
-  require(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  TILEATTN_REQUIRE(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
   const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
-  require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
-  require(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
-  require(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
+  TILEATTN_REQUIRE(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
+  TILEATTN_REQUIRE(seqs.max_seqlen_q >= 0, "max_seqlen_q", "must be >= 0");
+  TILEATTN_REQUIRE(seqs.max_seqlen_k >= 0, "max_seqlen_k", "must be >= 0");
   check_cu_seqlens(seqs.cu_seqlens_q, "cu_seqlens_q", batch, total_q, seqs.max_seqlen_q, "max_seqlen_q");
   check_cu_seqlens(seqs.cu_seqlens_k, "cu_seqlens_k", batch, total_k, seqs.max_seqlen_k, "max_seqlen_k");
   p.cu_seqlens_q = seqs.cu_seqlens_q.data();

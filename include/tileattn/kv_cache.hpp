@@ -156,16 +156,17 @@ class KvCache {
     const Sequence& s = at(sequence);
     check_new_rows(k_new, v_new, detail::new_k_dims, detail::new_v_dims, detail::tokens_may_be_empty);
     const index_t n = k_new.shape[0];
-    detail::require(position0 >= 0 && position0 <= s.length - n, "position0",
+    TILEATTN_REQUIRE(position0 >= 0 && position0 <= s.length - n, "position0",
                     "rows [" + std::to_string(position0) + ", " + std::to_string(position0 + n) +
                         ") are not within the sequence's length " + std::to_string(s.length));
     std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
     for (index_t i = 0; i < n; ++i) {
       const std::int32_t page = s.pages[static_cast<std::size_t>((position0 + i) / page_size())];
       const index_t holders = ref_counts_[static_cast<std::size_t>(page)];
-      detail::require(holders == 1, "position0",
-                      "position " + std::to_string(position0 + i) + " lies in page " + std::to_string(page) +
-                          ", shared by " + std::to_string(holders) + " sequences (only extend writes there)");
+      if (holders != 1)
+        throw invalid_argument("position0", "position " + std::to_string(position0 + i) + " lies in page " +
+                                                std::to_string(page) + ", shared by " + std::to_string(holders) +
+                                                " sequences (only extend writes there)");
       slots[static_cast<std::size_t>(i)] = page * page_size() + (position0 + i) % page_size();
     }
     write_kv_slots<T>(k_new, v_new, slots, k_pages(layer), v_pages(layer));
@@ -264,15 +265,15 @@ class KvCache {
     for (const auto& [value, name] : {std::pair{c.num_layers, "num_layers"}, std::pair{c.num_pages, "num_pages"},
                                       std::pair{c.page_size, "page_size"}, std::pair{c.heads_kv, "heads_kv"},
                                       std::pair{c.head_dim, "head_dim"}, std::pair{c.head_dim_v, "head_dim_v"}})
-      detail::require(value >= 1, name, "must be >= 1, got " + std::to_string(value));
-    detail::require(c.num_pages <= max_length, "num_pages",
+      TILEATTN_REQUIRE(value >= 1, name, "must be >= 1, got " + std::to_string(value));
+    TILEATTN_REQUIRE(c.num_pages <= max_length, "num_pages",
                     "must fit int32 (block tables hold page ids), got " + std::to_string(c.num_pages));
     index_t elements = c.num_pages;
     const bool overflow = __builtin_mul_overflow(elements, c.page_size, &elements) ||
                           __builtin_mul_overflow(elements, c.heads_kv, &elements) ||
                           __builtin_mul_overflow(elements, std::max(c.head_dim, c.head_dim_v), &elements);
     const index_t max_elements = std::numeric_limits<std::ptrdiff_t>::max() / static_cast<index_t>(sizeof(T));
-    detail::require(!overflow && elements <= max_elements, "num_pages",
+    TILEATTN_REQUIRE(!overflow && elements <= max_elements, "num_pages",
                     "num_pages x page_size x heads_kv x head_dim elements do not fit in memory");
     return c;
   }
@@ -285,8 +286,8 @@ class KvCache {
   }
   const Sequence& at(SequenceId id, const std::string& name = "sequence") const {
     const auto it = sequences_.find(id);
-    detail::require(it != sequences_.end(), name,
-                    "unknown sequence id " + std::to_string(id) + " (never created, or freed)");
+    if (it == sequences_.end())
+      throw invalid_argument(name, "unknown sequence id " + std::to_string(id) + " (never created, or freed)");
     return it->second;
   }
   Sequence& at(SequenceId id) { return const_cast<Sequence&>(std::as_const(*this).at(id)); }
@@ -318,18 +319,18 @@ class KvCache {
     for (index_t l = 0; l < num_layers(); ++l)
       for (const auto& pool : {k_pages(l), v_pages(l)}) {
         for (const auto& [rows, name] : {std::pair{k_new, "k_new"}, std::pair{v_new, "v_new"}})
-          detail::require(!detail::byte_span(pool).overlaps(detail::byte_span(rows)), name,
+          TILEATTN_REQUIRE(!detail::byte_span(pool).overlaps(detail::byte_span(rows)), name,
                           "overlaps the cache's pages");
       }
   }
 
   static void require_in(bool ok, const char* name, const std::string& range, index_t value) {
-    detail::require(ok, name, "must be in " + range + ", got " + std::to_string(value));
+    TILEATTN_REQUIRE(ok, name, "must be in " + range + ", got " + std::to_string(value));
   }
   template <int R>
   static void require_extent(const StridedView<const T, R>& view, const char* name, int d, const char* meaning,
                              index_t want) {
-    detail::require(view.shape[d] == want, detail::dim_name(name, "shape", d, meaning),
+    TILEATTN_REQUIRE(view.shape[d] == want, detail::dim_name(name, "shape", d, meaning),
                     "must equal the cache's " + std::string(meaning) + " = " + std::to_string(want) + ", got " +
                         std::to_string(view.shape[d]));
   }

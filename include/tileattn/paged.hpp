@@ -143,7 +143,7 @@ PagedPlan make_paged_plan(const ForwardParams<T>& p, index_t longest_q, index_t 
 
 template <class T>
 void run_paged(ForwardParams<T> p, const PagedPlan& plan, const PagedOptions& options) {
-  require(plan.signature() == paged_signature(p, options), "plan",
+  TILEATTN_REQUIRE(plan.signature() == paged_signature(p, options), "plan",
           "was made for another batch shape, cache_seqlens, mask or options");
   std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 1)));
   p.o_accum = accum.data();
@@ -171,14 +171,14 @@ PagedCall<T> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_
   const bool varlen = !cu_seqlens_q.empty();
   check_page_pools(k_cache, v_cache);
   check_paged_queries(q, o, k_cache, v_cache, varlen);
-  require(options.num_splits >= 0, "num_splits", "must be >= 0 (0: automatic), got " + std::to_string(options.num_splits));
+  TILEATTN_REQUIRE(options.num_splits >= 0, "num_splits", "must be >= 0 (0: automatic), got " + std::to_string(options.num_splits));
   PagedCall<T> call{make_params(q, k_cache, v_cache, o, lse, options)};
   ForwardParams<T>& p = call.params;
   index_t batch = q.shape[dim::batch];
   call.longest_q = q.shape[dim::seqlen];
   if (varlen) {
     batch = static_cast<index_t>(cu_seqlens_q.size()) - 1;
-    require(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
+    TILEATTN_REQUIRE(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
     call.longest_q = 0;
     for (std::size_t b = 1; b < cu_seqlens_q.size(); ++b)
       call.longest_q = std::max<index_t>(call.longest_q, cu_seqlens_q[b] - cu_seqlens_q[b - 1]);
@@ -250,7 +250,7 @@ PagedCall<T> paged_varlen_call(const PackedView<const T>& q, std::span<const std
                                const TensorView<const T>& k_cache, const TensorView<const T>& v_cache,
                                BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                                const PackedView<T>& o, const PackedLseView& lse, const PagedOptions& options) {
-  require(!cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
+  TILEATTN_REQUIRE(!cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
   check_view(q, "q", packed_layout.names, {true, false, false});  // named in the packed layout
   check_view(o, "o", packed_layout.names, {true, false, false});
   for (int d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
@@ -306,8 +306,8 @@ namespace detail {
 template <class T>
 void merge_states(std::span<const TensorView<const T>> os, std::span<const StridedView<const float, 3>> lses,
                   TensorView<T> o, LseView lse, const Execution& exec) {
-  require(!os.empty(), "states", "needs at least one partial state");
-  require(os.size() == lses.size(), "lse_states",
+  TILEATTN_REQUIRE(!os.empty(), "states", "needs at least one partial state");
+  TILEATTN_REQUIRE(os.size() == lses.size(), "lse_states",
           "needs one LSE per state: " + std::to_string(os.size()) + " states, " + std::to_string(lses.size()) + " LSEs");
   check_view(o, "o", padded_layout.names, {false, false, false, false});
   check_head_dim(o.shape[dim::head_dim], "head_dim_v");
@@ -327,7 +327,7 @@ void merge_states(std::span<const TensorView<const T>> os, std::span<const Strid
     for (int d = 0; d < 4; ++d) check_same_extent(o, "o", os[c], name, d, padded_layout.names[d]);
     check_view(lses[c], lse_name, lse_dims);
     for (int d = 0; d < 3; ++d)
-      require(lses[c].shape[d] == lse_shape[d], dim_name(lse_name, "shape", d, lse_dims[d]),
+      TILEATTN_REQUIRE(lses[c].shape[d] == lse_shape[d], dim_name(lse_name, "shape", d, lse_dims[d]),
               "must be " + std::to_string(lse_shape[d]) + ", got " + std::to_string(lses[c].shape[d]));
     if (!same(o, os[c])) check_disjoint(o, "o", os[c], name);
     check_disjoint(o, "o", lses[c], lse_name);

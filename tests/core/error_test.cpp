@@ -36,5 +36,20 @@ TEST(Errors, RequireThrowsOnlyWhenFalse) {
   }
 }
 
+TEST(Errors, TheCheckMacroBuildsItsMessageOnlyOnFailure) {
+  int built = 0;
+  const auto reason = [&] { ++built; return std::string("must be > 0"); };
+  TILEATTN_REQUIRE(1 + 1 == 2, "x", reason());
+  EXPECT_EQ(built, 0);
+  try {
+    TILEATTN_REQUIRE(1 + 1 == 3, "softmax_scale", reason());
+    ADD_FAILURE() << "TILEATTN_REQUIRE(false) did not throw";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.parameter(), "softmax_scale");
+    EXPECT_STREQ(e.what(), "tileattn: softmax_scale: must be > 0");
+  }
+  EXPECT_EQ(built, 1);
+}
+
 }  // namespace
 }  // namespace tileattn

@@ -54,5 +54,23 @@ inline void require(bool condition, const std::string& parameter, const std::str
   if (!condition) throw invalid_argument(parameter, reason);
 }
 
+[[noreturn]] inline void fail(const std::string& parameter, const std::string& reason) {
+  throw invalid_argument(parameter, reason);
+}
+
+}  // namespace detail
+}  // namespace tileattn
+
+/// Throws tileattn::invalid_argument(parameter, reason) unless `condition` holds; the
+/// parameter name and the reason are only evaluated on failure, so a check costs one
+/// branch (argument checks run on every call, a decode step's included).
+#define TILEATTN_REQUIRE(condition, ...)                              \
+  do {                                                                \
+    if (!(condition)) ::tileattn::detail::fail(__VA_ARGS__);          \
+  } while (false)
+
+namespace tileattn {
+namespace detail {
+
 }  // namespace detail
 }  // namespace tileattn

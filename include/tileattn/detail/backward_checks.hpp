@@ -43,15 +43,15 @@ void check_backward_views(const StridedView<const T, R>& q, const StridedView<co
 template <class T>
 void check_extra_gradients(const BackwardParams<T>& p) {
   if (!p.dsinks.empty()) {
-    require(!p.sinks.empty(), "dsinks", "is set but options.sinks is empty (no sinks to differentiate)");
-    require(static_cast<index_t>(p.dsinks.size()) == p.heads(), "dsinks",
+    TILEATTN_REQUIRE(!p.sinks.empty(), "dsinks", "is set but options.sinks is empty (no sinks to differentiate)");
+    TILEATTN_REQUIRE(static_cast<index_t>(p.dsinks.size()) == p.heads(), "dsinks",
             "needs heads_q = " + std::to_string(p.heads()) + " entries, got " + std::to_string(p.dsinks.size()));
   }
   if (!p.dbias.data) return;
-  require(p.bias.data != nullptr, "dbias", "is set but options.bias is not (no bias to differentiate)");
+  TILEATTN_REQUIRE(p.bias.data != nullptr, "dbias", "is set but options.bias is not (no bias to differentiate)");
   check_view(p.dbias, "dbias", score_dims, {false, false, true, true});
   for (int d = 0; d < 4; ++d)
-    require(p.dbias.shape[d] == p.bias.shape[d], dim_name("dbias", "shape", d, score_dims[d]),
+    TILEATTN_REQUIRE(p.dbias.shape[d] == p.bias.shape[d], dim_name("dbias", "shape", d, score_dims[d]),
             "must equal bias.shape[" + std::to_string(d) + "] = " + std::to_string(p.bias.shape[d]) + ", got " +
                 std::to_string(p.dbias.shape[d]));
 }

@@ -27,7 +27,7 @@ inline constexpr std::array<const char*, 2> packed_lse_dims{"heads", "total_q"};
 inline constexpr std::array<const char*, 4> score_dims{"batch", "heads", "seqlen_q", "seqlen_k"};
 
 inline void check_head_dim(index_t value, const std::string& name) {
-  require(value >= 1 && value <= max_head_dim, name,
+  TILEATTN_REQUIRE(value >= 1 && value <= max_head_dim, name,
           "must be in [1, " + std::to_string(max_head_dim) + "], got " + std::to_string(value));
 }
 
@@ -44,7 +44,7 @@ void check_qkvo(const StridedView<const T, R>& q, const StridedView<const T, R>&
   check_view(o, "o", names);
   for (int d : {layout.batch, layout.head_dim})
     if (d >= 0) check_same_extent(q, "q", k, "k", d, names[d]);
-  require(q.shape[layout.heads] % k.shape[layout.heads] == 0,
+  TILEATTN_REQUIRE(q.shape[layout.heads] % k.shape[layout.heads] == 0,
           dim_name("k", "shape", layout.heads, "heads"),
           "num_heads_q = " + std::to_string(q.shape[layout.heads]) +
               " must be a multiple of num_heads_kv = " + std::to_string(k.shape[layout.heads]));
@@ -66,7 +66,7 @@ void check_lse(const StridedView<float, R>& lse, const std::array<index_t, stati
   for (int d = 0; d < R; ++d) may_be_empty[static_cast<std::size_t>(d)] = want[static_cast<std::size_t>(d)] == 0;
   check_view(lse, "lse", names, may_be_empty);
   for (int d = 0; d < R; ++d)
-    require(lse.shape[d] == want[d], dim_name("lse", "shape", d, names[d]),
+    TILEATTN_REQUIRE(lse.shape[d] == want[d], dim_name("lse", "shape", d, names[d]),
             "must be " + std::to_string(want[d]) + ", got " + std::to_string(lse.shape[d]));
 }
 
@@ -80,7 +80,7 @@ void check_score_view(const V& v, const std::string& name, index_t batch, index_
   check_view(v, name, score_dims, {false, false, seqlen_q == 0, seqlen_k == 0});
   for (int d = 0; d < 4; ++d) {
     const bool broadcast = (d < 2 || want[d] == 0) && v.shape[d] == 1;
-    require(broadcast || v.shape[d] == want[d], dim_name(name, "shape", d, score_dims[d]),
+    TILEATTN_REQUIRE(broadcast || v.shape[d] == want[d], dim_name(name, "shape", d, score_dims[d]),
             std::string("must be ") + (d < 2 || want[d] == 0 ? "1 or " : "") +
                 std::to_string(want[d]) + ", got " + std::to_string(v.shape[d]));
   }
@@ -89,12 +89,12 @@ void check_score_view(const V& v, const std::string& name, index_t batch, index_
 /// Every entry finite (or -inf where allowed) and below `magnitude` in absolute value.
 inline void check_values(std::span<const float> values, const std::string& name,
                          bool allow_minus_infinity, double magnitude, const std::string& bound) {
-  for (std::size_t i = 0; i < values.size(); ++i) {
+  for (std::size_t i = 0; i < values.size(); ++i) {  // messages built only on failure
     const float x = values[i];
-    require(std::isfinite(x) || (allow_minus_infinity && x < 0 && std::isinf(x)), name,
-            "entry " + std::to_string(i) + " is not finite");
-    require(!std::isfinite(x) || std::abs(static_cast<double>(x)) <= magnitude, name,
-            "entry " + std::to_string(i) + " = " + std::to_string(x) + " is too large: " + bound);
+    if (!(std::isfinite(x) || (allow_minus_infinity && x < 0 && std::isinf(x))))
+      throw invalid_argument(name, "entry " + std::to_string(i) + " is not finite");
+    if (std::isfinite(x) && std::abs(static_cast<double>(x)) > magnitude)
+      throw invalid_argument(name, "entry " + std::to_string(i) + " = " + std::to_string(x) + " is too large: " + bound);
   }
 }
 
@@ -102,18 +102,18 @@ template <class T>
 void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, index_t seqlen_k,
                    const Execution& exec) {
   const double max_log = max_natural_log_magnitude;
-  require(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f && p.softmax_scale <= max_log,
+  TILEATTN_REQUIRE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f && p.softmax_scale <= max_log,
           "softmax_scale",
           "must be finite, > 0 and at most " + std::to_string(max_log) +
               " (scale * log2(e) must be a finite float), got " + std::to_string(p.softmax_scale));
-  require(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
-  require(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
-  require(std::isfinite(p.softcap) && p.softcap >= 0.0f && p.softcap <= max_log, "softcap",
+  TILEATTN_REQUIRE(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
+  TILEATTN_REQUIRE(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
+  TILEATTN_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.0f && p.softcap <= max_log, "softcap",
           "must be finite, >= 0 (0: off) and at most " + std::to_string(max_log) +
               " (softcap * log2(e) must be a finite float), got " + std::to_string(p.softcap));
   if (!p.alibi_slopes.empty()) {
     const auto n = static_cast<index_t>(p.alibi_slopes.size());
-    require(n == p.heads() || n == batch * p.heads(), "alibi_slopes",
+    TILEATTN_REQUIRE(n == p.heads() || n == batch * p.heads(), "alibi_slopes",
             "needs heads_q = " + std::to_string(p.heads()) + " or batch * heads_q = " +
                 std::to_string(batch * p.heads()) + " entries, got " + std::to_string(n));
     const double distance = static_cast<double>(seqlen_q + seqlen_k);  // above any |i + offset - j|
@@ -121,7 +121,7 @@ void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, i
                  "|slope| * (seqlen_q + seqlen_k) must stay below " + std::to_string(max_log / 4));
   }
   if (!p.sinks.empty()) {
-    require(static_cast<index_t>(p.sinks.size()) == p.heads(), "sinks",
+    TILEATTN_REQUIRE(static_cast<index_t>(p.sinks.size()) == p.heads(), "sinks",
             "needs heads_q = " + std::to_string(p.heads()) + " entries, got " +
                 std::to_string(p.sinks.size()));
     check_values(p.sinks, "sinks", true, max_log, "|sink| * log2(e) must be a finite float");
@@ -168,18 +168,19 @@ void check_outputs_disjoint(const ForwardParams<T>& p, std::span<const std::int3
 inline void check_cu_seqlens(std::span<const std::int32_t> cu, const std::string& name,
                              index_t batch, index_t total, index_t max_len,
                              const std::string& max_name) {
-  require(static_cast<index_t>(cu.size()) == batch + 1, name,
+  TILEATTN_REQUIRE(static_cast<index_t>(cu.size()) == batch + 1, name,
           "needs batch + 1 = " + std::to_string(batch + 1) + " entries, got " + std::to_string(cu.size()));
-  require(cu[0] == 0, name, "must start at 0, got " + std::to_string(cu[0]));
-  for (std::size_t b = 1; b < cu.size(); ++b) {
-    require(cu[b] >= cu[b - 1], name,
-            "decreases at entry " + std::to_string(b) + " (" + std::to_string(cu[b - 1]) + " -> " +
-                std::to_string(cu[b]) + ")");
-    require(cu[b] - cu[b - 1] <= max_len, max_name,
-            "sequence " + std::to_string(b - 1) + " has " + std::to_string(cu[b] - cu[b - 1]) +
-                " rows, more than " + std::to_string(max_len));
+  TILEATTN_REQUIRE(cu[0] == 0, name, "must start at 0, got " + std::to_string(cu[0]));
+  for (std::size_t b = 1; b < cu.size(); ++b) {  // messages built only on failure: batches can be long
+    if (cu[b] < cu[b - 1])
+      throw invalid_argument(name, "decreases at entry " + std::to_string(b) + " (" + std::to_string(cu[b - 1]) +
+                                       " -> " + std::to_string(cu[b]) + ")");
+    if (cu[b] - cu[b - 1] > max_len)
+      throw invalid_argument(max_name, "sequence " + std::to_string(b - 1) + " has " +
+                                           std::to_string(cu[b] - cu[b - 1]) + " rows, more than " +
+                                           std::to_string(max_len));
   }
-  require(cu.back() <= total, name,
+  TILEATTN_REQUIRE(cu.back() <= total, name,
           "ends at " + std::to_string(cu.back()) + ", past the " + std::to_string(total) + " rows of the buffer");
 }
 

@@ -37,7 +37,7 @@ void check_paged_queries(const TensorView<const T>& q, const TensorView<T>& o,
   for (int d = 0; d < 3; ++d) check_same_extent(q, "q", o, "o", d, padded_layout.names[d]);
   check_same_extent(v, "v_cache", o, "o", dim::head_dim, "head_dim_v");
   check_same_extent(k, "k_cache", q, "q", dim::head_dim, "head_dim");
-  require(q.shape[dim::heads] % k.shape[dim::heads] == 0, "k_cache.shape[2] (heads_kv)",
+  TILEATTN_REQUIRE(q.shape[dim::heads] % k.shape[dim::heads] == 0, "k_cache.shape[2] (heads_kv)",
           "num_heads_q = " + std::to_string(q.shape[dim::heads]) + " must be a multiple of num_heads_kv = " +
               std::to_string(k.shape[dim::heads]));
 }
@@ -49,22 +49,24 @@ inline index_t check_block_table(const StridedView<const std::int32_t, 2>& table
                                  std::span<const std::int32_t> seqlens, index_t batch,
                                  index_t num_pages, index_t page_size) {
   check_view(table, "block_table", block_table_dims, {false, true});
-  require(table.shape[0] == batch, "block_table.shape[0] (batch)",
+  TILEATTN_REQUIRE(table.shape[0] == batch, "block_table.shape[0] (batch)",
           "must equal the batch, " + std::to_string(batch) + ", got " + std::to_string(table.shape[0]));
-  require(static_cast<index_t>(seqlens.size()) == batch, "cache_seqlens",
+  TILEATTN_REQUIRE(static_cast<index_t>(seqlens.size()) == batch, "cache_seqlens",
           "needs batch = " + std::to_string(batch) + " entries, got " + std::to_string(seqlens.size()));
   index_t longest = 0;
   for (index_t b = 0; b < batch; ++b) {
     const index_t len = seqlens[static_cast<std::size_t>(b)];
-    require(len >= 0, "cache_seqlens", "entry " + std::to_string(b) + " is negative: " + std::to_string(len));
-    require((len + page_size - 1) / page_size <= table.shape[1], "cache_seqlens",
-            "entry " + std::to_string(b) + " = " + std::to_string(len) + " needs more than the block table's " +
-                std::to_string(table.shape[1]) + " pages of " + std::to_string(page_size) + " keys");
+    if (len < 0) throw invalid_argument("cache_seqlens", "entry " + std::to_string(b) + " is negative: " + std::to_string(len));
+    if ((len + page_size - 1) / page_size > table.shape[1])
+      throw invalid_argument("cache_seqlens", "entry " + std::to_string(b) + " = " + std::to_string(len) +
+                                                  " needs more than the block table's " + std::to_string(table.shape[1]) +
+                                                  " pages of " + std::to_string(page_size) + " keys");
     for (index_t j = 0; j * page_size < len; ++j) {
       const std::int32_t page = table(b, j);
-      require(page >= 0 && page < num_pages, "block_table",
-              "entry [" + std::to_string(b) + ", " + std::to_string(j) + "] = " + std::to_string(page) +
-                  " is outside the pool's " + std::to_string(num_pages) + " pages");
+      if (page < 0 || page >= num_pages)  // the message is built only on failure: a decode step checks every page
+        throw invalid_argument("block_table", "entry [" + std::to_string(b) + ", " + std::to_string(j) + "] = " +
+                                                  std::to_string(page) + " is outside the pool's " +
+                                                  std::to_string(num_pages) + " pages");
     }
     longest = std::max(longest, len);
   }

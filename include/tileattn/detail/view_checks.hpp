@@ -51,15 +51,15 @@ template <class T, int R>
 void check_view_fits(const StridedView<T, R>& v, const std::string& name) {
   index_t count = 1, last = 0;
   for (int d = 0; d < R; ++d) {
-    require(!__builtin_mul_overflow(count, v.shape[d], &count), name,
+    TILEATTN_REQUIRE(!__builtin_mul_overflow(count, v.shape[d], &count), name,
             "has more than 2^63 elements (the product of its extents overflows)");
     index_t reach = 0;
-    require(!__builtin_mul_overflow(std::max<index_t>(v.shape[d] - 1, 0), v.stride[d], &reach) &&
+    TILEATTN_REQUIRE(!__builtin_mul_overflow(std::max<index_t>(v.shape[d] - 1, 0), v.stride[d], &reach) &&
                 !__builtin_add_overflow(last, reach, &last),
             name, "its extents and strides reach past 2^63 elements");
   }
   std::uintptr_t bytes = 0, end = 0;
-  require(!__builtin_mul_overflow(static_cast<std::uintptr_t>(last) + 1, sizeof(T), &bytes) &&
+  TILEATTN_REQUIRE(!__builtin_mul_overflow(static_cast<std::uintptr_t>(last) + 1, sizeof(T), &bytes) &&
               bytes <= static_cast<std::uintptr_t>(std::numeric_limits<std::ptrdiff_t>::max()) &&
               !__builtin_add_overflow(reinterpret_cast<std::uintptr_t>(v.data), bytes, &end),
           name, "its extents and strides span more than PTRDIFF_MAX bytes or reach past the end of the address space");
@@ -71,12 +71,12 @@ template <class T, int R>
 void check_view(const StridedView<T, R>& v, const std::string& name,
                 const std::array<const char*, static_cast<std::size_t>(R)>& dim_meanings,
                 const EmptyExtents<R>& may_be_empty = {}) {
-  require(v.data != nullptr, name, "data is null");
+  TILEATTN_REQUIRE(v.data != nullptr, name, "data is null");
   for (int d = 0; d < R; ++d) {
     const bool empty_ok = may_be_empty[static_cast<std::size_t>(d)];
-    require(v.shape[d] > 0 || (empty_ok && v.shape[d] == 0), dim_name(name, "shape", d, dim_meanings[d]),
+    TILEATTN_REQUIRE(v.shape[d] > 0 || (empty_ok && v.shape[d] == 0), dim_name(name, "shape", d, dim_meanings[d]),
             std::string("must be ") + (empty_ok ? ">= 0" : "> 0") + ", got " + std::to_string(v.shape[d]));
-    require(v.stride[d] >= 0, dim_name(name, "stride", d, dim_meanings[d]),
+    TILEATTN_REQUIRE(v.stride[d] >= 0, dim_name(name, "stride", d, dim_meanings[d]),
             "must be >= 0, got " + std::to_string(v.stride[d]));
   }
   check_view_fits(v, name);
@@ -86,7 +86,7 @@ void check_view(const StridedView<T, R>& v, const std::string& name,
 template <class A, class B>
 void check_same_extent(const A& a, const std::string& a_name, const B& b,
                        const std::string& b_name, int d, const char* meaning) {
-  require(a.shape[d] == b.shape[d], dim_name(b_name, "shape", d, meaning),
+  TILEATTN_REQUIRE(a.shape[d] == b.shape[d], dim_name(b_name, "shape", d, meaning),
           "must equal " + a_name + ".shape[" + std::to_string(d) + "] = " +
               std::to_string(a.shape[d]) + ", got " + std::to_string(b.shape[d]));
 }
@@ -101,7 +101,7 @@ void check_no_self_overlap(const StridedView<T, R>& v, const std::string& name) 
   index_t reach = 0;  // furthest element offset reachable by the dimensions seen so far
   for (int d : order) {
     if (v.shape[d] == 1) continue;
-    require(v.stride[d] > reach, name + ".stride",
+    TILEATTN_REQUIRE(v.stride[d] > reach, name + ".stride",
             "dimension " + std::to_string(d) + " overlaps the dimensions inside it");
     reach += (v.shape[d] - 1) * v.stride[d];
   }
@@ -110,7 +110,7 @@ void check_no_self_overlap(const StridedView<T, R>& v, const std::string& name) 
 template <class Out, class In>
 void check_disjoint(const Out& out, const std::string& out_name, const In& in,
                     const std::string& in_name) {
-  require(!byte_span(out).overlaps(byte_span(in)), out_name,
+  TILEATTN_REQUIRE(!byte_span(out).overlaps(byte_span(in)), out_name,
           "overlaps " + in_name + " in memory (outputs must not alias inputs)");
 }
 
