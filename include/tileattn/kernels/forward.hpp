@@ -59,7 +59,7 @@ constexpr index_t operand_cols(index_t n) {
 /// Query rows per K/V group (positions x query heads) up to which a sequence reads K and V
 /// in place instead of packing them into SRAM tiles: decoding and short verify steps,
 /// where a packed K^T or V tile would serve too few rows to pay for the copy (docs/paged.md).
-inline constexpr index_t in_place_max_rows = 8;
+inline constexpr index_t in_place_max_rows = 16;
 
 /// Whether sequence `seq`'s work items read K and V in place: head vectors contiguous in
 /// memory, and at most in_place_max_rows query rows per K/V group. A property of the
