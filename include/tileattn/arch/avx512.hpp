@@ -299,6 +299,24 @@ inline void transpose_block(index_t rows, index_t cols, const float* src, index_
 
 }  // namespace detail
 
+namespace detail {
+/// Calls panel(vectors, j, last) for the column panels C is swept in: `vectors` zmm
+/// vectors from column j on (3, or 2 + 2 for four, or what is left), the last one limited
+/// to the lanes in `last`.
+template <class Panel>
+inline void for_each_column_panel(index_t n, Panel&& panel) {
+  const index_t last_lanes = n % lanes == 0 ? lanes : n % lanes;
+  index_t remaining = (n + lanes - 1) / lanes;  // vectors of C per row still to do
+  for (index_t j = 0; remaining > 0;) {
+    const int vectors = remaining == 4 ? 2 : remaining < block_vectors ? static_cast<int>(remaining)
+                                                                        : block_vectors;
+    remaining -= vectors;
+    panel(vectors, j, first_lanes(remaining == 0 ? last_lanes : lanes));
+    j += vectors * lanes;
+  }
+}
+}  // namespace detail
+
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
 /// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0. E is float, or bf16x2 where
 /// bf16_dot_product (K then counts pairs; generic's gemm says how a pair product sums).
@@ -307,16 +325,9 @@ void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b,
           index_t ldb, float* c, index_t ldc) {
   using namespace detail;
   if (m <= 0 || n <= 0) return;
-  const index_t last_lanes = n % lanes == 0 ? lanes : n % lanes;
-  index_t remaining = (n + lanes - 1) / lanes;  // vectors of C per row still to do
-  for (index_t j = 0; remaining > 0;) {
-    const int vectors = remaining == 4 ? 2 : remaining < block_vectors ? static_cast<int>(remaining)
-                                                                        : block_vectors;
-    remaining -= vectors;
-    const __mmask16 last = first_lanes(remaining == 0 ? last_lanes : lanes);
+  for_each_column_panel(n, [&](int vectors, index_t j, __mmask16 last) {
     gemm_panel_of<Accumulate, TransA>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc, last);
-    j += vectors * lanes;
-  }
+  });
 }
 
 /// max(x[0..n)), -inf for n == 0. NaN entries are ignored, as in generic.
@@ -772,17 +783,11 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
                index_t ldc) {
   using namespace detail;
   if (m <= 0 || n <= 0) return;
-  const index_t last_lanes = n % lanes == 0 ? lanes : n % lanes;
-  index_t remaining = (n + lanes - 1) / lanes;
-  for (index_t j = 0; remaining > 0;) {
-    const int vectors = remaining == 4 ? 2 : remaining < block_vectors ? static_cast<int>(remaining) : block_vectors;
-    remaining -= vectors;
-    const __mmask16 last = first_lanes(remaining == 0 ? last_lanes : lanes);
+  for_each_column_panel(n, [&](int vectors, index_t j, __mmask16 last) {
     if (vectors == 1) gemm_rows_panel<1>(m, k, a, lda, b_rows, j, c + j, ldc, last);
     else if (vectors == 2) gemm_rows_panel<2>(m, k, a, lda, b_rows, j, c + j, ldc, last);
     else gemm_rows_panel<3>(m, k, a, lda, b_rows, j, c + j, ldc, last);
-    j += vectors * lanes;
-  }
+  });
 }
 
 #if !defined(__AVX512BF16__)

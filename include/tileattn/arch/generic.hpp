@@ -58,11 +58,6 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
   }
 }
 
-/// The element as a float (storage types convert exactly).
-inline float as_float(float x) { return x; }
-template <class Half>
-float as_float(Half x) { return tileattn::to_float(x); }
-
 /// C (M x N) = A (M x K) * B^T, B given by its N rows b_rows[j] (K elements each, float,
 /// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place
 /// (ops::matmul_transposed). Each element is a dot product summed in 16 interleaved
@@ -75,9 +70,9 @@ void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, 
       float lanes[16] = {};
       for (index_t p = 0; p < k; ++p) {
 #if defined(__FMA__)
-        lanes[p % 16] = std::fma(a[i * lda + p], as_float(b_rows[j][p]), lanes[p % 16]);
+        lanes[p % 16] = std::fma(a[i * lda + p], tileattn::to_float(b_rows[j][p]), lanes[p % 16]);
 #else
-        lanes[p % 16] += a[i * lda + p] * as_float(b_rows[j][p]);
+        lanes[p % 16] += a[i * lda + p] * tileattn::to_float(b_rows[j][p]);
 #endif
       }
       c[i * ldc + j] = dot_lanes_sum(lanes);
@@ -99,9 +94,9 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
       const float aip = a[i * lda + p];
       for (index_t j = 0; j < n; ++j) {
 #if defined(__FMA__)
-        ci[j] = std::fma(aip, as_float(b_rows[p][j]), ci[j]);
+        ci[j] = std::fma(aip, tileattn::to_float(b_rows[p][j]), ci[j]);
 #else
-        ci[j] += aip * as_float(b_rows[p][j]);
+        ci[j] += aip * tileattn::to_float(b_rows[p][j]);
 #endif
       }
     }
