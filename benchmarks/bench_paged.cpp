@@ -4,7 +4,7 @@
 //
 // Decoding is memory-bound: each step reads every cached K/V byte once (GQA: once per group
 // of query heads) and does ~4 FLOPs per byte-pair of fp32. So a decode row reports the K/V
-// bytes it reads per second (counted in the stored type: 2 per bf16 value) and their fraction
+// bytes it reads per second (counted in the stored type: 2 per bf16 value, 1 per fp8 or int8) and their fraction
 // of a streaming read of 1 GiB measured by this binary on the same threads (ceilings.hpp).
 // Verify and chunked-prefill rows credit 4 * d FLOPs per visited (query, key) pair (causal,
 // bottom-right aligned) to the paged and to the contiguous forward alike; their ratio is the
@@ -38,14 +38,16 @@ namespace {
 using tileattn::index_t;
 constexpr index_t heads_q = 32, heads_kv = 8, head_dim = 128, page_size = 16;
 
-/// A paged batch: B sequences of `context` keys in shuffled pages, q_len new tokens each.
-template <class T>
+/// A paged batch: B sequences of `context` keys in shuffled pages, q_len new tokens each;
+/// Q and O in T, K and V in KV (8-bit ones with per-(page, K/V head) scales).
+template <class T, class KV = T>
 struct PagedWorkload {
   index_t batch, context, q_len;
   index_t max_pages, num_pages;
-  std::vector<T, tileattn::LineAlignedAllocator<T>> k_pool, v_pool;
-  std::vector<T> q, o, k_flat, v_flat;  // k_flat / v_flat: the same keys contiguous (verify rows)
-  std::vector<float> lse;
+  std::vector<KV, tileattn::LineAlignedAllocator<KV>> k_pool, v_pool;
+  std::vector<T> q, o;
+  std::vector<KV> k_flat, v_flat;  // the same keys contiguous (verify rows)
+  std::vector<float> lse, k_scales, v_scales;
   std::vector<std::int32_t> table, seqlens;
 
   PagedWorkload(index_t b, index_t ctx, index_t nq, bool contiguous_copy)
@@ -54,12 +56,21 @@ struct PagedWorkload {
     k_pool.resize(static_cast<std::size_t>(num_pages * page_size) * row);
     v_pool.resize(k_pool.size());
     std::uint32_t state = 12345u;
-    const auto next = [&] {  // cheap values in [-2, 2): the timing does not depend on them
+    const auto value = [&] {  // cheap values in [-2, 2): the timing does not depend on them
       state = state * 1664525u + 1013904223u;
-      return tileattn::from_float<T>(static_cast<float>(state >> 8) / 4194304.0f - 2.0f);
+      return static_cast<float>(state >> 8) / 4194304.0f - 2.0f;
     };
-    for (auto& x : k_pool) x = next();
-    for (auto& x : v_pool) x = next();
+    const auto next = [&] { return tileattn::from_float<T>(value()); };
+    if constexpr (tileattn::quantized_type<KV>) {
+      const float scale = std::is_same_v<KV, std::int8_t> ? 2.0f / tileattn::int8_max : 1.0f / 64.0f;
+      k_scales.assign(static_cast<std::size_t>(num_pages * heads_kv), scale);
+      v_scales = k_scales;
+      for (auto& x : k_pool) x = tileattn::quantize<KV>(value(), scale);
+      for (auto& x : v_pool) x = tileattn::quantize<KV>(value(), scale);
+    } else {
+      for (auto& x : k_pool) x = next();
+      for (auto& x : v_pool) x = next();
+    }
     std::vector<std::int32_t> order(static_cast<std::size_t>(num_pages));
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(), std::mt19937(7));
@@ -86,37 +97,41 @@ struct PagedWorkload {
   tileattn::TensorView<const T> q_view() const { return tileattn::make_bshd<const T>(q.data(), batch, q_len, heads_q, head_dim); }
   tileattn::TensorView<T> o_view() { return tileattn::make_bshd(o.data(), batch, q_len, heads_q, head_dim); }
   tileattn::LseView lse_view() { return tileattn::make_lse(lse.data(), batch, heads_q, q_len); }
-  tileattn::TensorView<const T> pool(const auto& p) const {
-    return tileattn::make_bshd<const T>(p.data(), num_pages, page_size, heads_kv, head_dim);
+  tileattn::TensorView<const KV> pool(const auto& p) const {
+    return tileattn::make_bshd<const KV>(p.data(), num_pages, page_size, heads_kv, head_dim);
   }
   tileattn::BlockTableView block_table() const { return tileattn::make_block_table(table.data(), batch, max_pages); }
 
   tileattn::PagedOptions options() const {
     tileattn::PagedOptions opts;
     opts.causal = q_len > 1;
+    if constexpr (tileattn::quantized_type<KV>) {
+      opts.k_scale = {k_scales.data(), {num_pages, heads_kv}, {heads_kv, 1}};
+      opts.v_scale = {v_scales.data(), {num_pages, heads_kv}, {heads_kv, 1}};
+    }
     return opts;
   }
   void paged() {
-    tileattn::forward_paged<T>(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, o_view(), lse_view(),
-                               options());
+    tileattn::forward_paged(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, o_view(), lse_view(),
+                            options());
   }
   void paged(const tileattn::PagedPlan& plan) {
-    tileattn::forward_paged<T>(plan, q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, o_view(),
-                               lse_view(), options());
+    tileattn::forward_paged(plan, q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, o_view(),
+                            lse_view(), options());
   }
   tileattn::PagedPlan plan() const {
     auto* self = const_cast<PagedWorkload*>(this);
-    return tileattn::plan_paged<T>(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, self->o_view(),
-                                   self->lse_view(), options());
+    return tileattn::plan_paged(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, self->o_view(),
+                                self->lse_view(), options());
   }
   void contiguous() {
-    const auto kv = [&](const std::vector<T>& x) {
-      return tileattn::make_bshd<const T>(x.data(), batch, context, heads_kv, head_dim);
+    const auto kv = [&](const std::vector<KV>& x) {
+      return tileattn::make_bshd<const KV>(x.data(), batch, context, heads_kv, head_dim);
     };
     tileattn::forward(q_view(), kv(k_flat), kv(v_flat), o_view(), lse_view(), options());
   }
 
-  double kv_bytes() const { return 2.0 * static_cast<double>(batch * context * heads_kv * head_dim) * sizeof(T); }
+  double kv_bytes() const { return 2.0 * static_cast<double>(batch * context * heads_kv * head_dim) * sizeof(KV); }
   /// 4 d FLOPs per visited (query, key) pair: causal bottom-right, q_len new tokens.
   double flops() const {
     const double n = static_cast<double>(q_len), keys = static_cast<double>(context);
@@ -127,13 +142,13 @@ struct PagedWorkload {
 
 /// One workload per (type, shape), built outside every timed loop; the previous one is
 /// freed first (the 16k and 64k contexts take up to 1 GiB).
-template <class T>
-PagedWorkload<T>& workload(index_t b, index_t ctx, index_t nq, bool contiguous_copy) {
-  static std::unique_ptr<PagedWorkload<T>> cached;
+template <class T, class KV = T>
+PagedWorkload<T, KV>& workload(index_t b, index_t ctx, index_t nq, bool contiguous_copy) {
+  static std::unique_ptr<PagedWorkload<T, KV>> cached;
   if (!cached || cached->batch != b || cached->context != ctx || cached->q_len != nq ||
       cached->k_flat.empty() == contiguous_copy) {
     cached.reset();
-    cached = std::make_unique<PagedWorkload<T>>(b, ctx, nq, contiguous_copy);
+    cached = std::make_unique<PagedWorkload<T, KV>>(b, ctx, nq, contiguous_copy);
   }
   return *cached;
 }
@@ -149,9 +164,9 @@ void timed(benchmark::State& state, Body body) {
   }
 }
 
-template <class T>
+template <class T, class KV = T>
 void decode(benchmark::State& state) {
-  auto& w = workload<T>(state.range(0), state.range(1), 1, false);
+  auto& w = workload<T, KV>(state.range(0), state.range(1), 1, false);
   w.paged();  // warm: first-touch of the outputs and scratch
   timed(state, [&] { w.paged(); });
   const double stream = tileattn::bench::stream_read_gbps(threads());
@@ -190,6 +205,12 @@ void register_all() {
   for (const auto& [b, ctx] : decodes) {
     benchmark::RegisterBenchmark("decode/fp32", decode<float>)->Args({b, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("decode/bf16", decode<tileattn::bf16>)->Args({b, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+  // 8-bit caches (bf16 queries), B 8 at 4k and 16k: the quantized-KV goal's rows.
+  for (const index_t ctx : {index_t{4096}, index_t{16384}}) {
+    benchmark::RegisterBenchmark("decode/int8", decode<tileattn::bf16, std::int8_t>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("decode/fp8_e4m3", decode<tileattn::bf16, tileattn::fp8_e4m3>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("decode/fp8_e5m2", decode<tileattn::bf16, tileattn::fp8_e5m2>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
   }
   const std::vector<std::array<index_t, 3>> verifies{{8, 4096, 4}, {8, 4096, 8}, {1, 4096, 256}};
   for (const auto& v : verifies)

@@ -11,6 +11,15 @@
 //                            tileattn::make_page_pool(k_pool.data(), P, S, Hkv, D),
 //                            tileattn::make_page_pool(v_pool.data(), P, S, Hkv, D));
 //
+// Quantized pools (fp8_e4m3, fp8_e5m2, int8: core/quantized_types.hpp) take new rows in
+// float, bf16 or fp16 and their scales [num_pages or 1, heads_kv or 1] (PageScaleView), and
+// quantize as they write. fp8 scales are fixed (per K/V head or per tensor): a value beyond
+// the format's range at that scale saturates. int8 scales are per (page, K/V head),
+// [num_pages, heads_kv], and grow as values arrive: a page's scale is its largest
+// magnitude so far / 127 (0 for a page that holds nothing yet: set a new page's scales to
+// 0); a token that raises it requantizes that page's rows of that head once, so a write
+// touches only the pages it writes into and no earlier page ever changes.
+//
 // Every argument is checked before anything is written; a bad one throws
 // tileattn::invalid_argument naming it.
 #pragma once
@@ -25,7 +34,10 @@
 #include <utility>
 #include <vector>
 
+#include <cmath>
+
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/detail/view_checks.hpp"
 
@@ -35,6 +47,15 @@ namespace tileattn {
 /// (FlashAttention's and vLLM's layout), any non-negative strides.
 template <class T>
 using PagePoolView = TensorView<T>;
+
+/// Scales of a quantized page pool: [num_pages or 1, heads_kv or 1] (extent 1 broadcasts),
+/// float; written by write_kv_slots for int8 pools ([num_pages, heads_kv] then).
+using PageScaleView = StridedView<float, 2>;
+
+/// A view over a contiguous [num_pages, heads_kv] buffer of per-(page, K/V head) scales.
+inline PageScaleView make_page_scales(float* data, index_t num_pages, index_t heads_kv) {
+  return {data, {num_pages, heads_kv}, {heads_kv, 1}};
+}
 
 /// A view over a contiguous [num_pages, page_size, heads_kv, head_dim] buffer.
 template <class T>
@@ -65,8 +86,8 @@ void check_rows_match_pool(const StridedView<T, 3>& rows, const std::string& row
 }
 
 /// The views and shapes of a slot write; the new rows must not overlap the pools.
-template <class T>
-void check_kv_write(const StridedView<const T, 3>& k_new, const StridedView<const T, 3>& v_new,
+template <class S, class T>
+void check_kv_write(const StridedView<const S, 3>& k_new, const StridedView<const S, 3>& v_new,
                     const PagePoolView<T>& k_cache, const PagePoolView<T>& v_cache) {
   check_view(k_new, "k_new", new_k_dims, tokens_may_be_empty);
   check_view(v_new, "v_new", new_v_dims, tokens_may_be_empty);
@@ -116,6 +137,79 @@ void copy_token(const StridedView<const T, 3>& rows, index_t token, const PagePo
     for (index_t d = 0; d < rows.shape[2]; ++d) pool(page, row, h, d) = rows(token, h, d);
 }
 
+/// A quantized pool's scale view: [num_pages or 1, heads_kv or 1] (int8: exactly
+/// [num_pages, heads_kv], not overlapping itself), disjoint from the pools and new rows,
+/// and, for the pages `slots` write, finite and > 0 (fp8) or >= 0 (int8). Returns it with
+/// broadcast extents as stride 0.
+template <quantized_type Q, class S>
+PageScaleView check_page_scales(const PageScaleView& scales, const char* name, const PagePoolView<Q>& pool,
+                                std::span<const std::int64_t> slots, const StridedView<const S, 3>& k_new,
+                                const StridedView<const S, 3>& v_new, const PagePoolView<Q>& k_cache,
+                                const PagePoolView<Q>& v_cache) {
+  constexpr std::array<const char*, 2> dims{"num_pages", "heads_kv"};
+  check_view(scales, name, dims);
+  const std::array<index_t, 2> want{pool.shape[0], pool.shape[2]};
+  PageScaleView out = scales;
+  for (int d = 0; d < 2; ++d) {
+    const bool broadcast = !adaptive_scale<Q> && scales.shape[d] == 1;
+    TILEATTN_REQUIRE(broadcast || scales.shape[d] == want[d], dim_name(name, "shape", d, dims[d]),
+                     std::string("must be ") + (adaptive_scale<Q> ? "" : "1 or ") + std::to_string(want[d]) +
+                         ", got " + std::to_string(scales.shape[d]));
+    if (broadcast) out.stride[d] = 0;
+    out.shape[d] = want[d];
+  }
+  if constexpr (adaptive_scale<Q>) check_no_self_overlap(scales, name);
+  check_disjoint(scales, name, k_cache, "k_cache");
+  check_disjoint(scales, name, v_cache, "v_cache");
+  check_disjoint(scales, name, k_new, "k_new");
+  check_disjoint(scales, name, v_new, "v_new");
+  const index_t page_size = pool.shape[1];
+  for (const std::int64_t slot : slots) {
+    if (slot < 0) continue;
+    for (index_t h = 0; h < want[1]; ++h) {
+      const float x = out(slot / page_size, h);
+      if (!(std::isfinite(x) && (adaptive_scale<Q> ? x >= 0.0f : x > 0.0f)))
+        throw invalid_argument(name, "entry [" + std::to_string(slot / page_size) + ", " + std::to_string(h) +
+                                         "] = " + std::to_string(x) + " must be finite and " +
+                                         (adaptive_scale<Q> ? ">= 0 (0: a page that holds nothing yet)" : "> 0"));
+    }
+  }
+  return out;
+}
+
+/// pool[page, :, head, :] requantized from scale `from` to the larger `to` (int8; int8_nan
+/// stays): what a page's rows of one head become when a new value raises its scale.
+template <class Q>
+void requantize_page_head(const PagePoolView<Q>& pool, index_t page, index_t head, float from, float to) {
+  for (index_t r = 0; r < pool.shape[1]; ++r)
+    for (index_t d = 0; d < pool.shape[3]; ++d) {
+      Q& q = pool(page, r, head, d);
+      if (q != int8_nan) q = quantize_int8(static_cast<float>(q) * from, to);
+    }
+}
+
+/// pool[page, row, :, :] = rows[token, :, :] quantized at each head's scale; an int8 page's
+/// scale first grows to the token's largest finite magnitude / 127 if that is larger
+/// (requantizing the page's earlier rows of that head).
+template <class Q, class S>
+void quantize_token(const StridedView<const S, 3>& rows, index_t token, const PagePoolView<Q>& pool,
+                    const PageScaleView& scales, index_t page, index_t row) {
+  for (index_t h = 0; h < rows.shape[1]; ++h) {
+    float& scale = scales(page, h);
+    if constexpr (adaptive_scale<Q>) {
+      float absmax = 0.0f;
+      for (index_t d = 0; d < rows.shape[2]; ++d)
+        if (const float x = to_float(rows(token, h, d)); std::isfinite(x)) absmax = std::max(absmax, std::abs(x));
+      if (absmax > scale * int8_max) {
+        const float grown = absmax / int8_max;
+        if (scale > 0.0f) requantize_page_head(pool, page, h, scale, grown);
+        scale = grown;
+      }
+    }
+    for (index_t d = 0; d < rows.shape[2]; ++d) pool(page, row, h, d) = quantize<Q>(to_float(rows(token, h, d)), scale);
+  }
+}
+
 }  // namespace detail
 
 /// Writes token i's K/V rows into slot slot_mapping[i] (page slot / page_size, row
@@ -138,6 +232,41 @@ void write_kv_slots(std::type_identity_t<StridedView<const T, 3>> k_new,
     const auto token = static_cast<index_t>(i);
     detail::copy_token(k_new, token, k_cache, slot / page_size, slot % page_size);
     detail::copy_token(v_new, token, v_cache, slot / page_size, slot % page_size);
+  }
+}
+
+}  // namespace tileattn
+
+namespace tileattn {
+
+/// write_kv_slots into quantized pools (fp8_e4m3, fp8_e5m2 or std::int8_t): k_new and v_new
+/// in float, bf16 or fp16 are quantized as they are written, at k_scale / v_scale
+/// [num_pages or 1, heads_kv or 1]: fixed for fp8 (each > 0), per (page, K/V head) and
+/// grown by the write for int8 ([num_pages, heads_kv], each >= 0; a new page's are 0). The
+/// header comment says how int8 scales grow. Checked as write_kv_slots; nothing is
+/// written (scales included) when a check fails.
+template <quantized_type Q, class SK, class SV>
+void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new,
+                    std::span<const std::int64_t> slot_mapping, PagePoolView<Q> k_cache, PagePoolView<Q> v_cache,
+                    PageScaleView k_scale, PageScaleView v_scale) {
+  using S = std::remove_const_t<SK>;
+  static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
+                "tileattn: write_kv_slots: new K and V rows for a quantized cache must both hold float, bf16 or fp16");
+  const StridedView<const S, 3> k_rows = k_new, v_rows = v_new;
+  detail::check_kv_write(k_rows, v_rows, k_cache, v_cache);
+  const index_t page_size = k_cache.shape[1];
+  detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_cache.shape[0] * page_size);
+  const PageScaleView ks =
+      detail::check_page_scales(k_scale, "k_scale", k_cache, slot_mapping, k_rows, v_rows, k_cache, v_cache);
+  const PageScaleView vs =
+      detail::check_page_scales(v_scale, "v_scale", v_cache, slot_mapping, k_rows, v_rows, k_cache, v_cache);
+  if constexpr (adaptive_scale<Q>) detail::check_disjoint(k_scale, "k_scale", v_scale, "v_scale");
+  for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
+    const std::int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    const auto token = static_cast<index_t>(i);
+    detail::quantize_token(k_rows, token, k_cache, ks, slot / page_size, slot % page_size);
+    detail::quantize_token(v_rows, token, v_cache, vs, slot / page_size, slot % page_size);
   }
 }
 

@@ -55,8 +55,8 @@ inline TilePlan plan_forward(const PlanShape& shape, const ForwardOptions& optio
 namespace detail {
 /// The planner's view of a call on q, k, v: `sequences` sequences of at most max_seqlen_q
 /// queries and max_seqlen_k keys (the views' own for fixed-length batches).
-template <class T>
-PlanShape plan_shape(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
+template <class T, class K, class V>
+PlanShape plan_shape(const TensorView<T>& q, const TensorView<K>& k, const TensorView<V>& v,
                      index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k) {
   using Op = kernels::tile_operand_t<std::remove_const_t<T>>;
   const index_t heads_kv = std::max<index_t>(k.shape[dim::heads], 1);
@@ -64,17 +64,21 @@ PlanShape plan_shape(const TensorView<T>& q, const TensorView<T>& k, const Tenso
           q.shape[dim::heads] / heads_kv, sequences * heads_kv, kernels::tile_operands_v<Op>};
 }
 
-/// One storage type for Q, K, V and O per call (Q/K/V may be const or not; O may not).
+/// One storage type for Q and O, one for K and V: Q's, or an 8-bit type with scales (Q/K/V
+/// may be const or not; O may not).
 template <class Q, class K, class V, class O>
 constexpr void check_element_types() {
   using T = std::remove_const_t<Q>;
+  using KV = std::remove_const_t<K>;
   static_assert(storage_type<T>,
                 "tileattn: Q, K, V and O must hold float, tileattn::bf16 or tileattn::fp16; view a "
                 "buffer of Eigen::bfloat16, Eigen::half, std::bfloat16_t or std::uint16_t through "
                 "tileattn::reinterpret_view<tileattn::bf16 or fp16>(view), or use tileattn/eigen.hpp");
-  static_assert(std::is_same_v<T, std::remove_const_t<K>> && std::is_same_v<T, std::remove_const_t<V>> &&
-                    std::is_same_v<T, O>,
-                "tileattn: Q, K, V and O must have the same element type (and O must not be const)");
+  static_assert(std::is_same_v<T, O>, "tileattn: O must have Q's element type (and must not be const)");
+  static_assert(std::is_same_v<KV, std::remove_const_t<V>>, "tileattn: K and V must have the same element type");
+  static_assert(std::is_same_v<T, KV> || quantized_type<KV>,
+                "tileattn: K and V must have Q's element type, or an 8-bit one with scales "
+                "(tileattn::fp8_e4m3, fp8_e5m2 or std::int8_t: core/quantized_types.hpp)");
 }
 }  // namespace detail
 
@@ -93,10 +97,10 @@ inline float default_scale(const ForwardOptions& options, index_t head_dim) {
       head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : 1.0f);
 }
 
-template <class T>
-ForwardParams<T> make_params(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
-                             TensorView<T> o, LseView lse, const ForwardOptions& opt) {
-  ForwardParams<T> p;
+template <class T, class KV>
+ForwardParams<T, KV> make_params(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                                 TensorView<T> o, LseView lse, const ForwardOptions& opt) {
+  ForwardParams<T, KV> p;
   static_cast<ScoreOptions&>(p) = opt;
   p.q = q;
   p.k = k;
@@ -113,8 +117,8 @@ inline void check_budget(const ForwardOptions& options) {
               std::to_string(options.sram_budget_bytes));
 }
 
-template <class T>
-void run(const ForwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
+template <class T, class KV>
+void run(const ForwardParams<T, KV>& p, index_t max_seqlen_q, index_t max_seqlen_k,
          const ForwardOptions& options) {
   const TilePlan plan = plan_forward(plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k), options);
   if (options.io_counts) {
@@ -129,12 +133,13 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
   return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
 }
 
-template <class T>
-void forward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<T> o,
+template <class T, class KV = T>
+void forward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
              LseView lse, const ForwardOptions& options) {
   check_qkvo(q, k, v, o, padded_layout);
   check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
-  const ForwardParams<T> p = make_params(q, k, v, o, lse, options);
+  ForwardParams<T, KV> p = make_params(q, k, v, o, lse, options);
+  set_kv_scales(p, options, "batch", q.shape[dim::batch]);
   check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
   check_budget(options);
   check_aliasing(p);
@@ -143,8 +148,8 @@ void forward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v
 
 /// Checks a packed batch's sequences against the packed row counts (total_q, total_k) and
 /// points p at them (the forward's and the backward's varlen entry points).
-template <class T>
-void set_sequences(ForwardParams<T>& p, const VarlenSequences& seqs, index_t total_q, index_t total_k) {
+template <class T, class KV>
+void set_sequences(ForwardParams<T, KV>& p, const VarlenSequences& seqs, index_t total_q, index_t total_k) {
   TILEATTN_REQUIRE(!seqs.cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
   const index_t batch = static_cast<index_t>(seqs.cu_seqlens_q.size()) - 1;
   TILEATTN_REQUIRE(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
@@ -157,15 +162,16 @@ void set_sequences(ForwardParams<T>& p, const VarlenSequences& seqs, index_t tot
   p.num_sequences = batch;
 }
 
-template <class T>
-void forward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<const T> v,
+template <class T, class KV = T>
+void forward_varlen(PackedView<const T> q, PackedView<const KV> k, PackedView<const KV> v,
                     PackedView<T> o, PackedLseView lse, const VarlenSequences& seqs,
                     const ForwardOptions& options) {
   check_qkvo(q, k, v, o, packed_layout);
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
-  ForwardParams<T> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse4, options);
+  ForwardParams<T, KV> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse4, options);
   set_sequences(p, seqs, q.shape[0], k.shape[0]);
+  set_kv_scales(p, options, "batch", p.num_sequences);
   check_options(p, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
   check_budget(options);
   check_aliasing(p);
@@ -183,12 +189,14 @@ void forward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<con
 /// v and o head_dim_v (each in 1..max_head_dim; they may differ).
 /// Q, K, V and O hold one storage type: float, bf16 or fp16 (core/half_types.hpp); S, the
 /// softmax statistics and O accumulate in float, O is rounded once when stored, and the LSE
-/// is float (docs/precision.md).
+/// is float (docs/precision.md). K and V may instead be stored in 8 bits (fp8_e4m3,
+/// fp8_e5m2, int8: core/quantized_types.hpp) with options.k_scale / v_scale
+/// ([batch or 1, heads_kv or 1]): attention over K and V dequantized exactly (q * scale).
 template <class Q, class K, class V, class O>
 void forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
              const TensorView<O>& o, LseView lse, const ForwardOptions& options = {}) {
   detail::check_element_types<Q, K, V, O>();
-  detail::forward<O>(q, k, v, o, lse, options);
+  detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options);
 }
 
 /// forward() without the log-sum-exp output.
@@ -208,7 +216,7 @@ void forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packed
                     const PackedView<O>& o, PackedLseView lse, const VarlenSequences& seqs,
                     const ForwardOptions& options = {}) {
   detail::check_element_types<Q, K, V, O>();
-  detail::forward_varlen<O>(q, k, v, o, lse, seqs, options);
+  detail::forward_varlen<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options);
 }
 
 }  // namespace tileattn

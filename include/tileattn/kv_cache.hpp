@@ -33,6 +33,15 @@
 // again (new tokens go to new pages), so they are never copied. write() into a shared page is
 // an invalid_argument.
 //
+// Quantized caches. KvCache<fp8_e4m3>, <fp8_e5m2> and <std::int8_t> store K and V in 8 bits
+// (core/quantized_types.hpp): write and append take rows in float, bf16 or fp16 and
+// quantize them (cache_write.hpp's write_kv_slots), k_scales(layer) / v_scales(layer) are
+// the scale views forward_paged takes (options.k_scale / v_scale). fp8 scales are fixed at
+// construction (KvCacheConfig::k_scale / v_scale: one for every head and layer, one per
+// K/V head, or one per (layer, K/V head); 1 when empty); int8 scales are per (page, K/V
+// head), start at 0 for a page taken from the free list, grow as values arrive, and are
+// copied with a page on copy-on-write.
+//
 // Errors. Every call checks its arguments before it changes anything; a bad one throws
 // tileattn::invalid_argument naming it ("sequence" for an unknown or freed id). extend and
 // append throw out_of_pages (core/error.hpp) when too few pages are free, with every sequence
@@ -48,6 +57,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -62,6 +72,8 @@
 #include "tileattn/cache_write.hpp"
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/params.hpp"
+#include "tileattn/core/quantized_types.hpp"
 #include "tileattn/detail/view_checks.hpp"
 #include "tileattn/memory/line_aligned.hpp"
 
@@ -74,13 +86,19 @@ struct KvCacheConfig {
   index_t heads_kv = 0;
   index_t head_dim = 0;
   index_t head_dim_v = 0;  // 0: head_dim
+  /// fp8 caches: dequantization scales of K and V, each > 0: empty (1), one value, heads_kv
+  /// values (per K/V head) or num_layers x heads_kv (per layer and K/V head). Others: empty.
+  std::vector<float> k_scale{}, v_scale{};
 };
 
 using SequenceId = std::int64_t;
 
 template <class T>
 class KvCache {
-  static_assert(storage_type<T>, "tileattn: KvCache holds float, tileattn::bf16 or tileattn::fp16");
+  static_assert(kv_storage_type<T>,
+                "tileattn: KvCache holds float, tileattn::bf16, tileattn::fp16, tileattn::fp8_e4m3, "
+                "tileattn::fp8_e5m2 or std::int8_t");
+  static constexpr bool quantized = quantized_type<T>;
 
  public:
   /// Sequence lengths are int32 (cache_seqlens), and so are page ids (block tables).
@@ -107,6 +125,18 @@ class KvCache {
     for (index_t l = 0; l < config_.num_layers; ++l) {
       k_pools_.push_back(pool(config_.head_dim));
       v_pools_.push_back(pool(config_.head_dim_v));
+    }
+    if constexpr (quantized) {
+      const index_t heads = config_.heads_kv;
+      for (index_t l = 0; l < config_.num_layers; ++l) {
+        if constexpr (adaptive_scale<T>) {  // per (page, head), 0 until written
+          k_scales_.emplace_back(static_cast<std::size_t>(config_.num_pages * heads), 0.0f);
+          v_scales_.emplace_back(static_cast<std::size_t>(config_.num_pages * heads), 0.0f);
+        } else {  // per head, fixed
+          k_scales_.push_back(layer_scales(config_.k_scale, l));
+          v_scales_.push_back(layer_scales(config_.v_scale, l));
+        }
+      }
     }
     ref_counts_.assign(static_cast<std::size_t>(config_.num_pages), 0);
     std::vector<std::int32_t> all(static_cast<std::size_t>(config_.num_pages));  // ascending: a min-heap
@@ -149,9 +179,13 @@ class KvCache {
 
   /// Writes k_new [n, heads_kv, head_dim] and v_new [n, heads_kv, head_dim_v] into positions
   /// [position0, position0 + n) of the sequence in `layer`; they must be below length() and in
-  /// pages the sequence holds alone.
-  void write(index_t layer, SequenceId sequence, index_t position0, StridedView<const T, 3> k_new,
-             StridedView<const T, 3> v_new) {
+  /// pages the sequence holds alone. Rows hold T (float, bf16 or fp16 for an 8-bit cache,
+  /// which quantizes them); const or not.
+  template <class RowK, class RowV>
+  void write(index_t layer, SequenceId sequence, index_t position0, const StridedView<RowK, 3>& k_rows,
+             const StridedView<RowV, 3>& v_rows) {
+    using S = row_type<RowK, RowV>;
+    const StridedView<const S, 3> k_new = k_rows, v_new = v_rows;
     check_layer(layer);
     const Sequence& s = at(sequence);
     check_new_rows(k_new, v_new, detail::new_k_dims, detail::new_v_dims, detail::tokens_may_be_empty);
@@ -169,11 +203,17 @@ class KvCache {
                                                 " sequences (only extend writes there)");
       slots[static_cast<std::size_t>(i)] = page * page_size() + (position0 + i) % page_size();
     }
-    write_kv_slots<T>(k_new, v_new, slots, k_pages(layer), v_pages(layer));
+    if constexpr (quantized) {
+      write_kv_slots(k_new, v_new, slots, k_pages(layer), v_pages(layer), scales_view(k_scales_, layer),
+                     scales_view(v_scales_, layer));
+    } else {
+      write_kv_slots<T>(k_new, v_new, slots, k_pages(layer), v_pages(layer));
+    }
   }
 
   /// write() of the last n = k_new.shape[0] positions: the ones extend(sequence, n) reserved.
-  void write(index_t layer, SequenceId sequence, StridedView<const T, 3> k_new, StridedView<const T, 3> v_new) {
+  template <class RowK, class RowV>
+  void write(index_t layer, SequenceId sequence, const StridedView<RowK, 3>& k_new, const StridedView<RowV, 3>& v_new) {
     write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
   }
 
@@ -188,7 +228,10 @@ class KvCache {
 
   /// Extends by n and writes every layer: k_new [num_layers, n, heads_kv, head_dim], v_new
   /// [num_layers, n, heads_kv, head_dim_v]. All or nothing.
-  void append(SequenceId sequence, TensorView<const T> k_new, TensorView<const T> v_new) {
+  template <class RowK, class RowV>
+  void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows) {
+    using S = row_type<RowK, RowV>;
+    const TensorView<const S> k_new = k_rows, v_new = v_rows;
     const index_t position0 = at(sequence).length;
     check_new_rows(k_new, v_new, {"num_layers", "num_tokens", "heads_kv", "head_dim"},
                    {"num_layers", "num_tokens", "heads_kv", "head_dim_v"}, {false, true, false, false});
@@ -241,6 +284,19 @@ class KvCache {
   PagePoolView<const T> k_pages(index_t layer) const { return pool_view(k_pools_, layer, config_.head_dim); }
   PagePoolView<const T> v_pages(index_t layer) const { return pool_view(v_pools_, layer, config_.head_dim_v); }
 
+  /// An 8-bit cache's scales of `layer`, as forward_paged's options.k_scale / v_scale take
+  /// them: [num_pages, heads_kv] (int8) or [1, heads_kv] (fp8, per K/V head).
+  KvScaleView k_scales(index_t layer) const
+    requires quantized
+  {
+    return scales_view(k_scales_, layer);
+  }
+  KvScaleView v_scales(index_t layer) const
+    requires quantized
+  {
+    return scales_view(v_scales_, layer);
+  }
+
   const KvCacheConfig& config() const { return config_; }  // head_dim_v filled in
   index_t num_layers() const { return config_.num_layers; }
   index_t num_pages() const { return config_.num_pages; }
@@ -260,6 +316,53 @@ class KvCache {
   };
   using FreeList = std::priority_queue<std::int32_t, std::vector<std::int32_t>, std::greater<>>;
 
+  /// The element type of new rows: T, or float, bf16 or fp16 for an 8-bit cache.
+  template <class RowK, class RowV>
+  using row_type = typename std::enable_if_t<
+      std::is_same_v<std::remove_const_t<RowK>, std::remove_const_t<RowV>> &&
+          (quantized ? storage_type<std::remove_const_t<RowK>> : std::is_same_v<std::remove_const_t<RowK>, T>),
+      std::type_identity<std::remove_const_t<RowK>>>::type;
+
+  /// fp8: layer l's per-head scales from the config's k_scale or v_scale.
+  std::vector<float> layer_scales(const std::vector<float>& given, index_t l) const {
+    const auto heads = static_cast<std::size_t>(config_.heads_kv);
+    if (given.empty()) return std::vector<float>(heads, 1.0f);
+    if (given.size() == 1) return std::vector<float>(heads, given[0]);
+    if (given.size() == heads) return given;
+    return {given.begin() + static_cast<std::ptrdiff_t>(l * config_.heads_kv),
+            given.begin() + static_cast<std::ptrdiff_t>((l + 1) * config_.heads_kv)};
+  }
+
+  /// Layer `layer`'s scales: [num_pages, heads_kv] (int8) or [1, heads_kv] broadcast (fp8).
+  KvScaleView scales_view(const std::vector<std::vector<float>>& scales, index_t layer) const {
+    const PageScaleView v = scales_view(const_cast<std::vector<std::vector<float>>&>(scales), layer);
+    return {v.data, v.shape, v.stride};
+  }
+  PageScaleView scales_view(std::vector<std::vector<float>>& scales, index_t layer) const {
+    check_layer(layer);
+    float* s = scales[static_cast<std::size_t>(layer)].data();
+    if constexpr (adaptive_scale<T>) return {s, {num_pages(), config_.heads_kv}, {config_.heads_kv, 1}};
+    else return {s, {1, config_.heads_kv}, {0, 1}};
+  }
+
+  static void check_scales(const KvCacheConfig& c) {
+    for (const auto& [given, name] : {std::pair{&c.k_scale, "k_scale"}, std::pair{&c.v_scale, "v_scale"}}) {
+      if (!quantized || adaptive_scale<T>) {
+        TILEATTN_REQUIRE(given->empty(), name,
+                         std::string("is for fp8 caches only (") + kv_type_name<T>() +
+                             (adaptive_scale<T> ? " keeps a scale per page, set as values arrive)" : " has no scales)"));
+        continue;
+      }
+      const auto n = static_cast<index_t>(given->size());
+      TILEATTN_REQUIRE(n <= 1 || n == c.heads_kv || n == c.num_layers * c.heads_kv, name,
+                       "needs 0, 1, heads_kv = " + std::to_string(c.heads_kv) + " or num_layers x heads_kv = " +
+                           std::to_string(c.num_layers * c.heads_kv) + " values, got " + std::to_string(n));
+      for (std::size_t i = 0; i < given->size(); ++i)
+        TILEATTN_REQUIRE(std::isfinite((*given)[i]) && (*given)[i] > 0.0f, name,
+                         "entry " + std::to_string(i) + " = " + std::to_string((*given)[i]) + " must be finite and > 0");
+    }
+  }
+
   static KvCacheConfig checked(KvCacheConfig c) {
     if (c.head_dim_v == 0) c.head_dim_v = c.head_dim;
     for (const auto& [value, name] : {std::pair{c.num_layers, "num_layers"}, std::pair{c.num_pages, "num_pages"},
@@ -275,6 +378,7 @@ class KvCache {
     const index_t max_elements = std::numeric_limits<std::ptrdiff_t>::max() / static_cast<index_t>(sizeof(T));
     TILEATTN_REQUIRE(!overflow && elements <= max_elements, "num_pages",
                     "num_pages x page_size x heads_kv x head_dim elements do not fit in memory");
+    check_scales(c);
     return c;
   }
 
@@ -304,8 +408,8 @@ class KvCache {
   }
 
   /// Views, extents and memory of new rows [..., num_tokens, heads_kv, head_dim(_v)].
-  template <int R>
-  void check_new_rows(const StridedView<const T, R>& k_new, const StridedView<const T, R>& v_new,
+  template <class S, int R>
+  void check_new_rows(const StridedView<const S, R>& k_new, const StridedView<const S, R>& v_new,
                       const std::array<const char*, static_cast<std::size_t>(R)>& k_dims,
                       const std::array<const char*, static_cast<std::size_t>(R)>& v_dims,
                       const detail::EmptyExtents<R>& may_be_empty) const {
@@ -327,8 +431,8 @@ class KvCache {
   static void require_in(bool ok, const char* name, const std::string& range, index_t value) {
     TILEATTN_REQUIRE(ok, name, "must be in " + range + ", got " + std::to_string(value));
   }
-  template <int R>
-  static void require_extent(const StridedView<const T, R>& view, const char* name, int d, const char* meaning,
+  template <class S, int R>
+  static void require_extent(const StridedView<const S, R>& view, const char* name, int d, const char* meaning,
                              index_t want) {
     TILEATTN_REQUIRE(view.shape[d] == want, detail::dim_name(name, "shape", d, meaning),
                     "must equal the cache's " + std::string(meaning) + " = " + std::to_string(want) + ", got " +
@@ -336,7 +440,8 @@ class KvCache {
   }
 
   /// Layer l's [n, heads_kv, head_dim] rows of [num_layers, n, heads_kv, head_dim].
-  static StridedView<const T, 3> layer_rows(const TensorView<const T>& rows, index_t l) {
+  template <class S>
+  static StridedView<const S, 3> layer_rows(const TensorView<const S>& rows, index_t l) {
     return {rows.data + l * rows.stride[0], {rows.shape[1], rows.shape[2], rows.shape[3]},
             {rows.stride[1], rows.stride[2], rows.stride[3]}};
   }
@@ -345,6 +450,10 @@ class KvCache {
     const std::int32_t page = free_list_.top();
     free_list_.pop();
     ref_counts_[static_cast<std::size_t>(page)] = 1;
+    if constexpr (adaptive_scale<T>)  // a page that holds nothing yet
+      for (auto* scales : {&k_scales_, &v_scales_})
+        for (auto& layer : *scales)
+          std::fill_n(layer.begin() + page * config_.heads_kv, config_.heads_kv, 0.0f);
     return page;
   }
   void release(std::int32_t page) {
@@ -358,6 +467,10 @@ class KvCache {
         const auto size = static_cast<index_t>(pool.size()) / num_pages();
         std::copy_n(pool.begin() + shared * size, size, pool.begin() + page * size);
       }
+    if constexpr (adaptive_scale<T>)
+      for (auto* scales : {&k_scales_, &v_scales_})
+        for (auto& layer : *scales)
+          std::copy_n(layer.begin() + shared * config_.heads_kv, config_.heads_kv, layer.begin() + page * config_.heads_kv);
     release(shared);
     return page;
   }
@@ -365,6 +478,7 @@ class KvCache {
   KvCacheConfig config_;
   using Pool = std::vector<T, LineAlignedAllocator<T>>;  // rows start on cache lines
   std::vector<Pool> k_pools_, v_pools_;  // per layer: [num_pages, page_size, heads_kv, head_dim(_v)]
+  std::vector<std::vector<float>> k_scales_, v_scales_;  // 8-bit: per layer, [num_pages or 1, heads_kv]
   std::vector<index_t> ref_counts_;                // per page
   FreeList free_list_;                             // lowest page first
   std::unordered_map<SequenceId, Sequence> sequences_;

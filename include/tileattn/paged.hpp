@@ -55,6 +55,16 @@ namespace detail {
 template <class V>
 using In = const std::type_identity_t<V>&;
 
+/// The K/V storage type of pools of element types K and V (const or not): one type.
+template <class K, class V>
+struct kv_of {
+  static_assert(std::is_same_v<std::remove_const_t<K>, std::remove_const_t<V>>,
+                "tileattn: k_cache and v_cache must have the same element type");
+  using type = std::remove_const_t<K>;
+};
+template <class K, class V>
+using KvOf = typename kv_of<K, V>::type;
+
 /// Split-KV's automatic choice: chunks of at least min_split_keys keys, sized so that the
 /// batch has about split_target_items (sequence, K/V head, chunk) items: enough for 16
 /// workers with 4 items each.
@@ -97,8 +107,8 @@ class PagedPlan {
 
 namespace detail {
 
-template <class T>
-PagedPlan::Signature paged_signature(const ForwardParams<T>& p, const PagedOptions& options) {
+template <class T, class KV>
+PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedOptions& options) {
   PagedPlan::Signature s;
   s.shape = {p.batch(), p.heads(), p.heads_kv(), p.head_dim(), p.head_dim_v(), p.k.shape[dim::seqlen],
              p.causal, static_cast<index_t>(p.alignment), p.window_left, p.window_right,
@@ -113,8 +123,8 @@ PagedPlan::Signature paged_signature(const ForwardParams<T>& p, const PagedOptio
 }
 
 /// The key chunking for a batch (independent of the thread count; see PagedOptions).
-template <class T>
-kernels::KeySplit choose_split(const ForwardParams<T>& p, index_t key_tile, index_t longest, index_t num_splits) {
+template <class T, class KV>
+kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, index_t longest, index_t num_splits) {
   const auto round_to_tiles = [&](index_t keys) { return (keys + key_tile - 1) / key_tile * key_tile; };
   kernels::KeySplit split{0, split_max_query_rows};
   if (num_splits == 1 || longest == 0) return split;
@@ -130,8 +140,8 @@ kernels::KeySplit choose_split(const ForwardParams<T>& p, index_t key_tile, inde
   return split;
 }
 
-template <class T>
-PagedPlan make_paged_plan(const ForwardParams<T>& p, index_t longest_q, index_t longest_k,
+template <class T, class KV>
+PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
                           const PagedOptions& options) {
   using Op = kernels::tile_operand_t<T>;
   const PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
@@ -141,8 +151,8 @@ PagedPlan make_paged_plan(const ForwardParams<T>& p, index_t longest_q, index_t 
   return {tiles, split, kernels::ForwardWorkList(p, tiles, split), paged_signature(p, options)};
 }
 
-template <class T>
-void run_paged(ForwardParams<T> p, const PagedPlan& plan, const PagedOptions& options) {
+template <class T, class KV>
+void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options) {
   TILEATTN_REQUIRE(plan.signature() == paged_signature(p, options), "plan",
           "was made for another batch shape, cache_seqlens, mask or options");
   std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 1)));
@@ -157,23 +167,26 @@ void run_paged(ForwardParams<T> p, const PagedPlan& plan, const PagedOptions& op
 }
 
 /// Checks a paged call and resolves its params; returns {params, longest q, longest k}.
-template <class T>
+template <class T, class KV>
 struct PagedCall {
-  ForwardParams<T> params;
+  ForwardParams<T, KV> params;
   index_t longest_q = 0, longest_k = 0;
 };
 
-template <class T>
-PagedCall<T> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_seqlens_q,
-                        TensorView<const T> k_cache, TensorView<const T> v_cache, BlockTableView block_table,
+template <class T, class KV>
+PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_seqlens_q,
+                        TensorView<const KV> k_cache, TensorView<const KV> v_cache, BlockTableView block_table,
                         std::span<const std::int32_t> cache_seqlens, TensorView<T> o, LseView lse,
                         const PagedOptions& options) {
+  static_assert(std::is_same_v<T, KV> || quantized_type<KV>,
+                "tileattn: k_cache and v_cache must have Q's element type, or an 8-bit one with scales "
+                "(tileattn::fp8_e4m3, fp8_e5m2 or std::int8_t: core/quantized_types.hpp)");
   const bool varlen = !cu_seqlens_q.empty();
   check_page_pools(k_cache, v_cache);
   check_paged_queries(q, o, k_cache, v_cache, varlen);
   TILEATTN_REQUIRE(options.num_splits >= 0, "num_splits", "must be >= 0 (0: automatic), got " + std::to_string(options.num_splits));
-  PagedCall<T> call{make_params(q, k_cache, v_cache, o, lse, options)};
-  ForwardParams<T>& p = call.params;
+  PagedCall<T, KV> call{make_params(q, k_cache, v_cache, o, lse, options)};
+  ForwardParams<T, KV>& p = call.params;
   index_t batch = q.shape[dim::batch];
   call.longest_q = q.shape[dim::seqlen];
   if (varlen) {
@@ -192,6 +205,7 @@ PagedCall<T> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_
                                      k_cache.shape[dim::seqlen]);
   p.block_table = block_table;
   p.cache_seqlens = cache_seqlens.data();
+  set_kv_scales(p, options, "num_pages", k_cache.shape[dim::batch]);
   check_options(p, batch, call.longest_q, call.longest_k, options.execution);
   check_budget(options);
   check_paged_aliasing(p, cache_seqlens, cu_seqlens_q);
@@ -202,12 +216,12 @@ PagedCall<T> paged_call(TensorView<const T> q, std::span<const std::int32_t> cu_
 
 /// The plan forward_paged(q, k_cache, v_cache, block_table, cache_seqlens, ...) makes for
 /// this batch (checks every argument as the call would; the data are not read).
-template <class T>
-PagedPlan plan_paged(detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
-                     detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+template <class T, class K, class V>
+PagedPlan plan_paged(detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
+                     const TensorView<V>& v_cache, BlockTableView block_table,
                      std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
                      const PagedOptions& options = {}) {
-  const auto call = detail::paged_call<T>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  const auto call = detail::paged_call<T, detail::KvOf<K, V>>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
@@ -216,38 +230,38 @@ PagedPlan plan_paged(detail::In<TensorView<const T>> q, detail::In<TensorView<co
 /// cache_seqlens[b] keys in pages block_table[b, 0], [b, 1], ...; o like q with head_dim_v,
 /// lse [batch, heads_q, seqlen_q] (optional). Every argument is checked first: a bad one
 /// throws tileattn::invalid_argument naming it, and nothing is written.
-template <class T>
-void forward_paged(detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
-                   detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+template <class T, class K, class V>
+void forward_paged(detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
+                   const TensorView<V>& v_cache, BlockTableView block_table,
                    std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
                    const PagedOptions& options = {}) {
-  const auto call = detail::paged_call<T>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  const auto call = detail::paged_call<T, detail::KvOf<K, V>>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
   detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
 }
 
 /// The same with a plan from plan_paged (checked against the call).
-template <class T>
-void forward_paged(const PagedPlan& plan, detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
-                   detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+template <class T, class K, class V>
+void forward_paged(const PagedPlan& plan, detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
+                   const TensorView<V>& v_cache, BlockTableView block_table,
                    std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
                    const PagedOptions& options = {}) {
-  const auto call = detail::paged_call<T>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  const auto call = detail::paged_call<T, detail::KvOf<K, V>>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
   detail::run_paged(call.params, plan, options);
 }
 
 /// forward_paged() without the log-sum-exp output.
-template <class T>
-void forward_paged(detail::In<TensorView<const T>> q, detail::In<TensorView<const T>> k_cache,
-                   detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+template <class T, class K, class V>
+void forward_paged(detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
+                   const TensorView<V>& v_cache, BlockTableView block_table,
                    std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o,
                    const PagedOptions& options = {}) {
-  forward_paged<T>(q, k_cache, v_cache, block_table, cache_seqlens, o, LseView{}, options);
+  forward_paged<T, K, V>(q, k_cache, v_cache, block_table, cache_seqlens, o, LseView{}, options);
 }
 
 namespace detail {
-template <class T>
-PagedCall<T> paged_varlen_call(const PackedView<const T>& q, std::span<const std::int32_t> cu_seqlens_q,
-                               const TensorView<const T>& k_cache, const TensorView<const T>& v_cache,
+template <class T, class KV>
+PagedCall<T, KV> paged_varlen_call(const PackedView<const T>& q, std::span<const std::int32_t> cu_seqlens_q,
+                               const TensorView<const KV>& k_cache, const TensorView<const KV>& v_cache,
                                BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                                const PackedView<T>& o, const PackedLseView& lse, const PagedOptions& options) {
   TILEATTN_REQUIRE(!cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
@@ -256,7 +270,7 @@ PagedCall<T> paged_varlen_call(const PackedView<const T>& q, std::span<const std
   for (int d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const LseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
-  return paged_call<T>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o), lse3,
+  return paged_call<T, KV>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o), lse3,
                        options);
 }
 }  // namespace detail
@@ -265,35 +279,35 @@ PagedCall<T> paged_varlen_call(const PackedView<const T>& q, std::span<const std
 /// speculative verify with different draft lengths, decoding mixed with either): q and o
 /// packed [total_q, heads_q, head_dim] with sequence b's rows [cu_seqlens_q[b],
 /// cu_seqlens_q[b + 1]); lse [heads_q, total_q] (optional: PackedLseView{}).
-template <class T>
+template <class T, class K, class V>
 void forward_paged_varlen(detail::In<PackedView<const T>> q, std::span<const std::int32_t> cu_seqlens_q,
-                          detail::In<TensorView<const T>> k_cache, detail::In<TensorView<const T>> v_cache,
+                          const TensorView<K>& k_cache, const TensorView<V>& v_cache,
                           BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                           const PackedView<T>& o, PackedLseView lse, const PagedOptions& options = {}) {
-  const auto call = detail::paged_varlen_call<T>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
+  const auto call = detail::paged_varlen_call<T, detail::KvOf<K, V>>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
                                                  lse, options);
   detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
 }
 
 /// The plan forward_paged_varlen makes for this batch, for reuse across calls (layers).
-template <class T>
+template <class T, class K, class V>
 PagedPlan plan_paged_varlen(detail::In<PackedView<const T>> q, std::span<const std::int32_t> cu_seqlens_q,
-                            detail::In<TensorView<const T>> k_cache, detail::In<TensorView<const T>> v_cache,
+                            const TensorView<K>& k_cache, const TensorView<V>& v_cache,
                             BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                             const PackedView<T>& o, PackedLseView lse, const PagedOptions& options = {}) {
-  const auto call = detail::paged_varlen_call<T>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
+  const auto call = detail::paged_varlen_call<T, detail::KvOf<K, V>>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
                                                  lse, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
 /// forward_paged_varlen with a plan from plan_paged_varlen (checked against the call).
-template <class T>
+template <class T, class K, class V>
 void forward_paged_varlen(const PagedPlan& plan, detail::In<PackedView<const T>> q,
-                          std::span<const std::int32_t> cu_seqlens_q, detail::In<TensorView<const T>> k_cache,
-                          detail::In<TensorView<const T>> v_cache, BlockTableView block_table,
+                          std::span<const std::int32_t> cu_seqlens_q, const TensorView<K>& k_cache,
+                          const TensorView<V>& v_cache, BlockTableView block_table,
                           std::span<const std::int32_t> cache_seqlens, const PackedView<T>& o, PackedLseView lse,
                           const PagedOptions& options = {}) {
-  const auto call = detail::paged_varlen_call<T>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
+  const auto call = detail::paged_varlen_call<T, detail::KvOf<K, V>>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
                                                  lse, options);
   detail::run_paged(call.params, plan, options);
 }

@@ -24,6 +24,7 @@
 #include "tileattn/arch/exp2.hpp"
 #include "tileattn/arch/generic.hpp"
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
 
 namespace tileattn::arch::avx2 {
@@ -426,6 +427,60 @@ inline void from_float(const float* src, fp16* dst, index_t n) {
   generic::from_float(src + j, dst + j, n - j);
 }
 
+namespace detail {
+// 8 bytes of 8-bit storage (the low half of an xmm) -> 8 floats, each exactly
+// tileattn::to_float of its byte (NaN codes give a NaN; e5m2's keep their payload, quieted).
+
+/// int8 sign-extended and converted; int8_nan (-128) becomes a quiet NaN.
+inline __m256 int8_to_ps(__m128i b) {
+  const __m256i q = _mm256_cvtepi8_epi32(b);
+  const __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(q, _mm256_set1_epi32(int8_nan)));
+  return _mm256_blendv_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
+}
+#if defined(__F16C__)
+/// e5m2 is the top byte of an fp16.
+inline __m256 e5m2_to_ps(__m128i b) { return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)); }
+/// e4m3fn S.EEEE.MMM as the fp16 S.0EEEE.MMM0000000 is its value times 2^-8, subnormals
+/// included (avx512.hpp's e4m3_to_ps); the NaN code S.1111.111 becomes a quiet NaN of its sign.
+inline __m256 e4m3_to_ps(__m128i b) {
+  const __m128i w = _mm_cvtepu8_epi16(b), low7 = _mm_set1_epi16(0x7f);
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+  const __m128i magnitude = _mm_slli_epi16(_mm_and_si128(w, low7), 7);
+  const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, magnitude)), _mm256_set1_ps(256.0f));
+  const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(_mm_and_si128(w, low7), low7)));
+  const __m256 signed_nan = _mm256_or_ps(_mm256_and_ps(x, _mm256_set1_ps(-0.0f)),
+                                         _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+  return _mm256_blendv_ps(x, signed_nan, nan);
+}
+#endif
+
+/// dst[j] = to_float(src[j]) for 8-bit src, 8 at a time through `convert`; the tail is generic's.
+template <class Byte, class Convert>
+inline void bytes_to_float(const Byte* src, float* dst, index_t n, Convert convert) {
+  index_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_ps(dst + j, convert(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + j))));
+  generic::to_float(src + j, dst + j, n - j);
+}
+}  // namespace detail
+
+/// dst[j] = to_float(src[j]) for 8-bit storage (int8 unscaled; int8_nan gives NaN), exact;
+/// fp8 goes through F16C where the target has it, else it is generic's.
+inline void to_float(const std::int8_t* src, float* dst, index_t n) {
+  detail::bytes_to_float(src, dst, n, detail::int8_to_ps);
+}
+#if defined(__F16C__)
+inline void to_float(const fp8_e4m3* src, float* dst, index_t n) {
+  detail::bytes_to_float(src, dst, n, detail::e4m3_to_ps);
+}
+inline void to_float(const fp8_e5m2* src, float* dst, index_t n) {
+  detail::bytes_to_float(src, dst, n, detail::e5m2_to_ps);
+}
+#else
+inline void to_float(const fp8_e4m3* src, float* dst, index_t n) { generic::to_float(src, dst, n); }
+inline void to_float(const fp8_e5m2* src, float* dst, index_t n) { generic::to_float(src, dst, n); }
+#endif
+
 // bf16 pair operands are never used with AVX2 (bf16_dot_product is false); generic's
 // versions keep the interface the same as every arch's.
 template <bool Accumulate, bool TransA = false>
@@ -442,6 +497,9 @@ using generic::round_to_pairs;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const bf16* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const fp16* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const fp8_e4m3* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const fp8_e5m2* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const std::int8_t* x, index_t n) { return generic::all_finite(x, n); }
 
 }  // namespace tileattn::arch::avx2
 

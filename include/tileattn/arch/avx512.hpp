@@ -27,6 +27,7 @@
 #include "tileattn/arch/exp2.hpp"
 #include "tileattn/arch/generic.hpp"
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
 
 // GCC 12 reports -Wmaybe-uninitialized inside several unmasked AVX-512 intrinsics (they
@@ -492,6 +493,44 @@ inline __m256i ps_to_bf16(__m512 x) {
   rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
 }
+
+// 16 bytes of 8-bit storage -> 16 floats, each exactly tileattn::to_float of its byte (NaN
+// codes give a NaN; e5m2's keep their payload, quieted, as fp16's do).
+
+/// e5m2 is the top byte of an fp16.
+inline __m512 e5m2_to_ps(__m128i b) { return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8)); }
+/// e4m3fn S.EEEE.MMM placed as the fp16 S.0EEEE.MMM0000000 is its value times 2^-8 (fp16's
+/// exponent bias is 15, e4m3's 7), subnormals included, so one exact multiply by 2^8 follows;
+/// the NaN code S.1111.111 becomes a quiet NaN of its sign (as the scalar gives).
+inline __m512 e4m3_to_ps(__m128i b) {
+  const __m256i w = _mm256_cvtepu8_epi16(b);
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
+  const __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7);
+  const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, magnitude)), _mm512_set1_ps(256.0f));
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, _mm_set1_epi8(0x7f)), _mm_set1_epi8(0x7f));
+  constexpr int a_and_b_or_c = 0xEA;  // vpternlogd truth table of (a & b) | c
+  return _mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32(_mm512_castps_si512(x), nan,
+                                                            _mm512_set1_epi32(static_cast<int>(0x80000000u)),
+                                                            _mm512_set1_epi32(0x7fc00000), a_and_b_or_c));
+}
+/// int8 sign-extended and converted; int8_nan (-128) becomes a quiet NaN.
+inline __m512 int8_to_ps(__m128i b) {
+  const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  const __mmask16 nan = _mm_cmpeq_epi8_mask(b, _mm_set1_epi8(int8_nan));
+  return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+}
+inline __m512 bytes_to_ps(const fp8_e4m3*, __m128i b) { return e4m3_to_ps(b); }
+inline __m512 bytes_to_ps(const fp8_e5m2*, __m128i b) { return e5m2_to_ps(b); }
+inline __m512 bytes_to_ps(const std::int8_t*, __m128i b) { return int8_to_ps(b); }
+
+/// dst[j] = to_float(src[j]) for 8-bit src, 16 at a time, the tail through a mask.
+template <class Byte>
+inline void bytes_to_float(const Byte* src, float* dst, index_t n) {
+  for (index_t j = 0; j < n; j += lanes) {
+    const __mmask16 m = first_lanes(n - j < lanes ? n - j : lanes);
+    _mm512_mask_storeu_ps(dst + j, m, bytes_to_ps(src, _mm_maskz_loadu_epi8(m, src + j)));
+  }
+}
 }  // namespace detail
 
 /// dst[j] = float(src[j]), exact; 16 lanes at a time, the tail through a mask.
@@ -510,6 +549,11 @@ inline void to_float(const fp16* src, float* dst, index_t n) {
     _mm512_mask_storeu_ps(dst + j, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + j)));
   }
 }
+
+/// dst[j] = to_float(src[j]) for 8-bit storage (int8 unscaled; int8_nan gives NaN), exact.
+inline void to_float(const fp8_e4m3* src, float* dst, index_t n) { detail::bytes_to_float(src, dst, n); }
+inline void to_float(const fp8_e5m2* src, float* dst, index_t n) { detail::bytes_to_float(src, dst, n); }
+inline void to_float(const std::int8_t* src, float* dst, index_t n) { detail::bytes_to_float(src, dst, n); }
 
 /// dst[j] = src[j] rounded to nearest even (as bf16(float) and fp16(float) do).
 inline void from_float(const float* src, bf16* dst, index_t n) {
@@ -598,6 +642,28 @@ inline bool no_all_ones_exponent(const Half* x, index_t n, short exponent_bits) 
 inline bool all_finite(const bf16* x, index_t n) { return detail::no_all_ones_exponent(x, n, 0x7f80); }
 inline bool all_finite(const fp16* x, index_t n) { return detail::no_all_ones_exponent(x, n, 0x7c00); }
 
+namespace detail {
+/// True when no byte b of x[0..n) has (b & mask) == code; 64 bytes at a time.
+inline bool no_byte_code(const void* x, index_t n, char mask, char code) {
+  const auto* bytes = static_cast<const char*>(x);
+  const __m512i masks = _mm512_set1_epi8(mask), codes = _mm512_set1_epi8(code);
+  __mmask64 bad = 0;
+  for (index_t j = 0; j < n; j += 64) {
+    const __mmask64 m = n - j >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - j)) - 1;
+    bad |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_and_si512(_mm512_maskz_loadu_epi8(m, bytes + j), masks), codes);
+  }
+  return bad == 0;
+}
+}  // namespace detail
+
+/// True when no x[j] (8-bit rows read in place) is Inf or NaN: e4m3's NaN is S.1111.111 (it
+/// has no Inf), e5m2's exponent all ones is Inf or NaN, int8's NaN is int8_nan (-128).
+inline bool all_finite(const fp8_e4m3* x, index_t n) { return detail::no_byte_code(x, n, 0x7f, 0x7f); }
+inline bool all_finite(const fp8_e5m2* x, index_t n) { return detail::no_byte_code(x, n, 0x7c, 0x7c); }
+inline bool all_finite(const std::int8_t* x, index_t n) {
+  return detail::no_byte_code(x, n, static_cast<char>(0xff), int8_nan);
+}
+
 #else  // AVX-512F alone (Xeon Phi): the 16-bit moves are generic's
 
 using generic::from_float;
@@ -608,10 +674,13 @@ using generic::to_float;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const bf16* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const fp16* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const fp8_e4m3* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const fp8_e5m2* x, index_t n) { return generic::all_finite(x, n); }
+inline bool all_finite(const std::int8_t* x, index_t n) { return generic::all_finite(x, n); }
 
 #endif  // __AVX512BW__ && __AVX512VL__
 
-// ---- Products with K or V rows read in place (float, bf16 or fp16 rows, converted in
+// ---- Products with K or V rows read in place (float, bf16, fp16 or 8-bit rows, converted in
 // registers): the forward's decode path (kernels/forward.hpp, in_place_max_rows).
 
 namespace detail {
@@ -622,6 +691,13 @@ inline __m512 load_floats(const bf16* p) { return bf16_to_ps(_mm256_loadu_si256(
 inline __m512 load_floats(const bf16* p, __mmask16 m) { return bf16_to_ps(_mm256_maskz_loadu_epi16(m, p)); }
 inline __m512 load_floats(const fp16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline __m512 load_floats(const fp16* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+/// 16 8-bit values (int8 unscaled: the kernels apply the scale) -> 16 floats.
+template <quantized_type Byte>
+inline __m512 load_floats(const Byte* p) {
+  return bytes_to_ps(p, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+template <quantized_type Byte>
+inline __m512 load_floats(const Byte* p, __mmask16 m) { return bytes_to_ps(p, _mm_maskz_loadu_epi8(m, p)); }
 #else
 template <class Half>
 inline __m512 load_floats(const Half* p, __mmask16 m = 0xFFFF) {
@@ -760,9 +836,9 @@ inline void touch_rows(const void* const* rows, index_t n, index_t bytes) {
 }
 
 /// C (M x N) = A (M x K) * B^T, B given by its N rows b_rows[j] (K elements each, float,
-/// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place. Blocks of 2 rows of
-/// A x 8 keys; each dot product sums 16 lanes, then reduces them in generic::dot_lanes_sum's
-/// order.
+/// bf16, fp16 or 8-bit, anywhere in memory): Q K^T with the keys read in place. Blocks of
+/// 2 rows of A x 8 keys; each dot product sums 16 lanes, then reduces them in
+/// generic::dot_lanes_sum's order.
 template <class E>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
                   float* c, index_t ldc) {
@@ -776,7 +852,7 @@ void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, 
   }
 }
 
-/// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements, float, bf16 or fp16,
+/// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements, float, bf16, fp16 or 8-bit,
 /// anywhere in memory): P V with the values read in place, in gemm's order of sums.
 template <class E>
 void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,

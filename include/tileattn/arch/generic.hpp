@@ -5,7 +5,8 @@
 // memory/ can call `arch::native::` without knowing which one it got: gemm, gemm_nt_rows,
 // gemm_rows (K and V rows read in place), row_max,
 // exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2,
-// transpose, and the 16-bit conversions to_float / from_float (and, for bf16 pair tiles,
+// transpose, the 16-bit conversions to_float / from_float, the 8-bit (fp8_e4m3, fp8_e5m2,
+// int8: core/quantized_types.hpp) to_float (and, for bf16 pair tiles,
 // interleave_pairs, interleave_rounded, round_to_pairs). An arch whose gemm also
 // multiplies bf16 pairs (bf16x2 operands, core/half_types.hpp) says so with
 // bf16_dot_product = true; generic has such a gemm too, as the reference, but keeps
@@ -13,9 +14,11 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
 
 namespace tileattn::arch::generic {
@@ -59,7 +62,7 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
 }
 
 /// C (M x N) = A (M x K) * B^T, B given by its N rows b_rows[j] (K elements each, float,
-/// bf16 or fp16, anywhere in memory): Q K^T with the keys read in place
+/// bf16, fp16 or 8-bit, anywhere in memory): Q K^T with the keys read in place
 /// (ops::matmul_transposed). Each element is a dot product summed in 16 interleaved
 /// partial sums (p mod 16), then those pairwise (dot_lanes_sum), as the SIMD sets sum it.
 template <class E>
@@ -173,7 +176,8 @@ inline void scale(float* x, index_t n, float factor) {
   for (index_t j = 0; j < n; ++j) x[j] *= factor;
 }
 
-/// dst[j] = float(src[j]) (exact).
+/// dst[j] = float(src[j]) (exact): bf16, fp16, fp8_e4m3, fp8_e5m2, or int8 unscaled (-128,
+/// int8_nan, gives NaN).
 template <class Half>
 void to_float(const Half* src, float* dst, index_t n) {
   for (index_t j = 0; j < n; ++j) dst[j] = tileattn::to_float(src[j]);
@@ -217,6 +221,24 @@ inline bool all_finite(const bf16* x, index_t n) {
 inline bool all_finite(const fp16* x, index_t n) {
   for (index_t j = 0; j < n; ++j)
     if ((x[j].bits & 0x7c00) == 0x7c00) return false;
+  return true;
+}
+
+/// True when no x[j] (8-bit storage, read in place) is Inf or NaN: e4m3 has no Inf and its
+/// NaN is S.1111.111; e5m2's exponent is all ones; int8's NaN is int8_nan (-128).
+inline bool all_finite(const fp8_e4m3* x, index_t n) {
+  for (index_t j = 0; j < n; ++j)
+    if ((x[j].bits & 0x7f) == 0x7f) return false;
+  return true;
+}
+inline bool all_finite(const fp8_e5m2* x, index_t n) {
+  for (index_t j = 0; j < n; ++j)
+    if ((x[j].bits & 0x7c) == 0x7c) return false;
+  return true;
+}
+inline bool all_finite(const std::int8_t* x, index_t n) {
+  for (index_t j = 0; j < n; ++j)
+    if (x[j] == int8_nan) return false;
   return true;
 }
 

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "tileattn/backend/execution.hpp"
+#include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/memory/io_counter.hpp"
 
@@ -52,6 +53,22 @@ struct ScoreOptions {
   ScoreMaskView mask{};
 };
 
+/// Dequantization scales of 8-bit K or V (core/quantized_types.hpp): the value of a stored
+/// q is q * scale. Contiguous K/V (forward): [batch, heads_kv], FlashAttention-3's
+/// k_descale / v_descale; paged pools (forward_paged): [num_pages, heads_kv], one scale per
+/// (page, K/V head) as KvCache<int8> keeps them. Extent 1 broadcasts (one per K/V head, or
+/// per tensor: shape {1, 1}); data == nullptr means scale 1. A non-finite scale makes the
+/// values it scales non-finite (the rows that see them become NaN).
+using KvScaleView = StridedView<const float, 2>;
+
+/// A scale view of extents 1 x 1 for one scale shared by every key: per-tensor scaling.
+inline KvScaleView per_tensor_scale(const float* scale) { return {scale, {1, 1}, {0, 0}}; }
+
+/// One scale per K/V head ([1, heads_kv]; heads_kv floats from `scales`).
+inline KvScaleView per_head_scales(const float* scales, index_t heads_kv) {
+  return {scales, {1, heads_kv}, {0, 1}};
+}
+
 struct ForwardOptions : ScoreOptions {
   /// Multiplies Q K^T before the softmax; unset means 1 / sqrt(head_dim).
   std::optional<float> softmax_scale;
@@ -61,6 +78,9 @@ struct ForwardOptions : ScoreOptions {
   std::size_t sram_budget_bytes = 0;
   /// When set, receives the HBM bytes this call read and wrote (counted per tile move).
   IoCounts* io_counts = nullptr;
+  /// Scales of K and V stored in 8 bits (fp8_e4m3, fp8_e5m2, int8); only those take them.
+  KvScaleView k_scale{};
+  KvScaleView v_scale{};
 };
 
 /// The backward's options: the forward's (they must be the ones the forward ran with), and
@@ -90,11 +110,13 @@ struct SequenceRange {
   index_t k_start, k_len;
 };
 
-template <class T>
+/// T: the storage type of Q and O; KV: of K and V (T, or an 8-bit type with scales).
+template <class T, class KV = T>
 struct ForwardParams : ScoreOptions {
+  using kv_type = KV;
   TensorView<const T> q;  // [batch, seqlen_q, heads_q, head_dim]
-  TensorView<const T> k;  // [batch, seqlen_k, heads_kv, head_dim]
-  TensorView<const T> v;  // [batch, seqlen_k, heads_kv, head_dim_v]
+  TensorView<const KV> k;  // [batch, seqlen_k, heads_kv, head_dim]
+  TensorView<const KV> v;  // [batch, seqlen_k, heads_kv, head_dim_v]
   TensorView<T> o;        // [batch, seqlen_q, heads_q, head_dim_v]
   LseView lse;            // [batch, heads_q, seqlen_q]; data == nullptr: not written
   float softmax_scale = 1.0f;
@@ -109,6 +131,9 @@ struct ForwardParams : ScoreOptions {
   // Split-KV partial states (kernels/work_list.hpp): rows of head_dim_v floats and their LSE.
   float* o_accum = nullptr;
   float* lse_accum = nullptr;
+  // 8-bit K/V: scales [batch or num_pages, heads_kv] with broadcast extents as stride 0
+  // (KvScaleView); data == nullptr: 1.
+  KvScaleView k_scale{}, v_scale{};
 
   bool varlen() const { return cu_seqlens_q != nullptr; }
   bool paged() const { return cache_seqlens != nullptr; }

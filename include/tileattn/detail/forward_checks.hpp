@@ -33,9 +33,9 @@ inline void check_head_dim(index_t value, const std::string& name) {
 
 /// q and k share head_dim, v and o share head_dim_v (which may differ, as in DeepSeek's
 /// multi-head latent attention); every other extent as the layout says.
-template <class T, int R>
-void check_qkvo(const StridedView<const T, R>& q, const StridedView<const T, R>& k,
-                const StridedView<const T, R>& v, const StridedView<T, R>& o,
+template <class T, class KV, int R>
+void check_qkvo(const StridedView<const T, R>& q, const StridedView<const KV, R>& k,
+                const StridedView<const KV, R>& v, const StridedView<T, R>& o,
                 const QkvLayout<R>& layout) {
   const auto& names = layout.names;
   check_view(q, "q", names);
@@ -98,8 +98,8 @@ inline void check_values(std::span<const float> values, const std::string& name,
   }
 }
 
-template <class T>
-void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, index_t seqlen_k,
+template <class T, class KV>
+void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_q, index_t seqlen_k,
                    const Execution& exec) {
   const double max_log = max_natural_log_magnitude;
   TILEATTN_REQUIRE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f && p.softmax_scale <= max_log,
@@ -131,15 +131,47 @@ void check_options(const ForwardParams<T>& p, index_t batch, index_t seqlen_q, i
   validate_execution(exec);
 }
 
+/// An 8-bit K or V's scale view (KvScaleView): [rows or 1, heads_kv or 1] where rows is
+/// the batch (contiguous K/V) or the pool's pages (paged), returned with broadcast extents
+/// as stride 0 and full extents. Only 8-bit K/V take scales.
+template <class KV>
+KvScaleView resolve_kv_scale(const KvScaleView& s, const char* name, const char* rows_meaning, index_t rows,
+                             index_t heads_kv) {
+  if (!s.data) return s;
+  TILEATTN_REQUIRE(quantized_type<KV>, name,
+                   std::string("is only taken by 8-bit K and V (fp8_e4m3, fp8_e5m2, int8); they hold ") +
+                       kv_type_name<KV>());
+  const std::array<const char*, 2> dims{rows_meaning, "heads_kv"};
+  check_view(s, name, dims, {rows == 0, false});
+  const std::array<index_t, 2> want{rows, heads_kv};
+  KvScaleView out = s;
+  for (int d = 0; d < 2; ++d) {
+    TILEATTN_REQUIRE(s.shape[d] == want[d] || s.shape[d] == 1, dim_name(name, "shape", d, dims[d]),
+                     "must be 1 or " + std::to_string(want[d]) + ", got " + std::to_string(s.shape[d]));
+    if (s.shape[d] == 1) out.stride[d] = 0;
+    out.shape[d] = want[d];
+  }
+  return out;
+}
+
+/// Resolves p's K and V scales (resolve_kv_scale) against `rows` batch entries or pages.
+template <class T, class KV>
+void set_kv_scales(ForwardParams<T, KV>& p, const ForwardOptions& options, const char* rows_meaning, index_t rows) {
+  p.k_scale = resolve_kv_scale<KV>(options.k_scale, "k_scale", rows_meaning, rows, p.heads_kv());
+  p.v_scale = resolve_kv_scale<KV>(options.v_scale, "v_scale", rows_meaning, rows, p.heads_kv());
+}
+
 /// An output must not overlap itself or any input of p.
-template <class T, class Out>
-void check_output(const ForwardParams<T>& p, const Out& out, const std::string& name) {
+template <class T, class KV, class Out>
+void check_output(const ForwardParams<T, KV>& p, const Out& out, const std::string& name) {
   check_no_self_overlap(out, name);
   check_disjoint(out, name, p.q, "q");
   check_disjoint(out, name, p.k, "k");
   check_disjoint(out, name, p.v, "v");
   if (p.bias.data) check_disjoint(out, name, p.bias, "bias");
   if (p.mask.data) check_disjoint(out, name, p.mask, "mask");
+  if (p.k_scale.data) check_disjoint(out, name, p.k_scale, "k_scale");
+  if (p.v_scale.data) check_disjoint(out, name, p.v_scale, "v_scale");
   for (const auto& [values, what] : {std::pair{p.alibi_slopes, "alibi_slopes"}, std::pair{p.sinks, "sinks"}})
     if (!values.empty())
       check_disjoint(out, name, StridedView<const float, 1>{values.data(), {static_cast<index_t>(values.size())}, {1}},
@@ -147,8 +179,8 @@ void check_output(const ForwardParams<T>& p, const Out& out, const std::string& 
 }
 
 /// Outputs must not overlap themselves, each other or any input.
-template <class T>
-void check_aliasing(const ForwardParams<T>& p) {
+template <class T, class KV>
+void check_aliasing(const ForwardParams<T, KV>& p) {
   check_output(p, p.o, "o");
   if (!p.lse.data) return;
   check_output(p, p.lse, "lse");
@@ -156,8 +188,8 @@ void check_aliasing(const ForwardParams<T>& p) {
 }
 
 /// O and LSE must not overlap a length array the kernel reads while writing them.
-template <class T>
-void check_outputs_disjoint(const ForwardParams<T>& p, std::span<const std::int32_t> lengths, const char* name) {
+template <class T, class KV>
+void check_outputs_disjoint(const ForwardParams<T, KV>& p, std::span<const std::int32_t> lengths, const char* name) {
   if (lengths.empty()) return;
   const StridedView<const std::int32_t, 1> view{lengths.data(), {static_cast<index_t>(lengths.size())}, {1}};
   check_disjoint(p.o, "o", view, name);

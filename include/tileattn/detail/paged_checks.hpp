@@ -29,9 +29,9 @@ void check_page_pools(const TensorView<const T>& k, const TensorView<const T>& v
 }
 
 /// q [batch or 1, seqlen_q, heads_q, head_dim] and o (head_dim_v) against the pools.
-template <class T>
+template <class T, class KV>
 void check_paged_queries(const TensorView<const T>& q, const TensorView<T>& o,
-                         const TensorView<const T>& k, const TensorView<const T>& v, bool varlen) {
+                         const TensorView<const KV>& k, const TensorView<const KV>& v, bool varlen) {
   check_view(q, "q", padded_layout.names, {false, varlen, false, false});
   check_view(o, "o", padded_layout.names, {false, varlen, false, false});
   for (int d = 0; d < 3; ++d) check_same_extent(q, "q", o, "o", d, padded_layout.names[d]);
@@ -75,8 +75,8 @@ inline index_t check_block_table(const StridedView<const std::int32_t, 2>& table
 
 /// The outputs must not overlap the block table or the lengths either (they are read
 /// while O is written).
-template <class T>
-void check_paged_aliasing(const ForwardParams<T>& p, std::span<const std::int32_t> seqlens,
+template <class T, class KV>
+void check_paged_aliasing(const ForwardParams<T, KV>& p, std::span<const std::int32_t> seqlens,
                           std::span<const std::int32_t> cu_seqlens_q) {
   check_aliasing(p);
   check_outputs_disjoint(p, seqlens, "cache_seqlens");

@@ -6,16 +6,20 @@
 // an online softmax, and writes O and LSE once, or, for one key chunk of a split-KV
 // sequence, its partial state, which a merge pass combines (run_merges). Where K and V
 // live is a policy: contiguous views (ContiguousKv) or a paged cache read through its block
-// table (PagedKv, for forward_paged); the loop is the same.
+// table (PagedKv, for forward_paged); the loop is the same. K and V stored in 8 bits load
+// like any storage type; their scales, per (sequence or page, K/V head), multiply a key
+// tile's scores (K) and probabilities (V) (TileScales).
 #pragma once
 
 #include <algorithm>
+#include <cassert>
 #include <numbers>
 #include <type_traits>
 #include <vector>
 
 #include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/core/paged_view.hpp"
+#include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/merge.hpp"
@@ -26,6 +30,7 @@
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
+#include "tileattn/ops/operand_layout.hpp"
 #include "tileattn/ops/score_mods.hpp"
 
 namespace tileattn::kernels {
@@ -64,8 +69,8 @@ inline constexpr index_t in_place_max_rows = 16;
 /// Whether sequence `seq`'s work items read K and V in place: head vectors contiguous in
 /// memory, and at most in_place_max_rows query rows per K/V group. A property of the
 /// sequence's shape alone, so every tiling and thread count agrees.
-template <class T>
-bool reads_kv_in_place(const ForwardParams<T>& p, const SequenceRange& seq) {
+template <class T, class KV>
+bool reads_kv_in_place(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
   return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
          seq.q_len * p.group_size() <= in_place_max_rows;
 }
@@ -132,6 +137,46 @@ struct InPlaceTiles {
   }
 };
 
+/// The largest key tile a plan makes (Bc <= max(head_dim, 64)): the bound of a tile's
+/// scale vectors.
+inline constexpr index_t max_key_tile_rows = std::max<index_t>(max_head_dim, 64);
+
+/// A key tile's dequantization scales of 8-bit K and V, one per key (nullptr: unscaled).
+struct TileScalesRef {
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
+/// The scales of one work item's key tiles, loaded tile by tile (8-bit K/V with scales):
+/// two vectors of at most max_key_tile_rows floats, on the stack as the transposed load's
+/// staging block.
+struct TileScales {
+  ScaleSource k_source, v_source;
+  alignas(64) float k[max_key_tile_rows];
+  alignas(64) float v[max_key_tile_rows];
+
+  template <class Io>
+  TileScalesRef load(index_t col0, index_t cols, Io& io) {
+    assert(cols <= max_key_tile_rows);
+    TileScalesRef ref;
+    if (!k_source.empty()) {
+      load_scales(k, k_source, col0, cols, io);
+      ref.k = k;
+    }
+    if (!v_source.empty()) {
+      load_scales(v, v_source, col0, cols, io);
+      ref.v = v;
+    }
+    return ref;
+  }
+};
+
+/// What 16- and 32-bit K/V have instead: no scales.
+struct NoTileScales {
+  template <class Io>
+  TileScalesRef load(index_t, index_t, Io&) { return {}; }
+};
+
 /// The [len, head_dim] matrix of one head of one sequence.
 template <class T>
 MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_t head,
@@ -142,21 +187,35 @@ MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_
   return m;
 }
 
-/// K and V of a work item in contiguous [batch, seqlen, heads, head_dim] views.
+/// K and V of a work item in contiguous [batch, seqlen, heads, head_dim] views; 8-bit ones'
+/// scales per (sequence, K/V head).
 struct ContiguousKv {
-  template <class T, class View>
-  static auto matrix(const ForwardParams<T>&, const View& view, const QueryBlock& blk) {
+  template <class T, class KV, class View>
+  static auto matrix(const ForwardParams<T, KV>&, const View& view, const QueryBlock& blk) {
     return sequence_matrix(view, blk.range.view_batch, blk.kv_head, blk.range.k_start, blk.range.k_len);
+  }
+  template <class T, class KV>
+  static ScaleSource scales(const ForwardParams<T, KV>&, const KvScaleView& s, const QueryBlock& blk) {
+    if (!s.data) return {};
+    return {&s(blk.sequence, blk.kv_head)};
   }
 };
 
 /// K and V of a work item in page pools, through the sequence's row of the block table.
 struct PagedKv {
-  template <class T, class View>
-  static auto matrix(const ForwardParams<T>& p, const View& view, const QueryBlock& blk) {
+  template <class T, class KV, class View>
+  static auto matrix(const ForwardParams<T, KV>& p, const View& view, const QueryBlock& blk) {
     const auto& table = p.block_table;
     return paged_head_matrix(view, table.data + blk.sequence * table.stride[0], table.stride[1],
                              blk.kv_head, blk.range.k_len);
+  }
+  /// 8-bit K/V scales per (page, K/V head), through the block table.
+  template <class T, class KV>
+  static ScaleSource scales(const ForwardParams<T, KV>& p, const KvScaleView& s, const QueryBlock& blk) {
+    if (!s.data) return {};
+    const auto& table = p.block_table;
+    return {s.data + blk.kv_head * s.stride[1], s.stride[0], table.data + blk.sequence * table.stride[0],
+            table.stride[1], p.k.shape[dim::seqlen]};
   }
 };
 
@@ -173,17 +232,30 @@ void scores(Tile<float>& s, const Tile<float>& q, const RowRefs<E>& k) { ops::ma
 /// or NaN takes the row-by-row path that never multiplies it by the zero probability of a
 /// masked key; values_finite (-1: not yet known) is checked once per tile, after Q K^T.
 template <class Tiles, class KeyOperand, class ValueOperand, class Io>
-void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const ops::ScoreModifiers& mods,
-                     const ops::PackedRows& rows, index_t first_row, index_t col0, int& values_finite, Io& io) {
+void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
+                     const ops::ScoreModifiers& mods, const ops::PackedRows& rows, index_t first_row, index_t col0,
+                     int& values_finite, Io& io) {
   if (rows.count() == 0) return;
   const auto q = t.q.slice_rows(first_row, rows.count());
   Tile<float> o = t.o.slice_rows(first_row, rows.count());
   Tile<float> s = t.s.slice_rows(first_row, rows.count());
   ops::RowStats stats = t.stats.slice(first_row, rows.count());
   detail::scores(s, q, k);                                         // (rows, Bc) raw scores
+  if (scales.k) ops::scale_columns(s, scales.k);                   // 8-bit K: q . k * scale
   mods.apply(s, rows, col0, io);                                   // softcap, biases, masks
-  if (values_finite < 0) values_finite = ops::all_finite(v);       // after Q K^T: V has arrived
-  if (values_finite) {
+  if (values_finite < 0)                                           // after Q K^T: V has arrived
+    values_finite = ops::all_finite(v) && (!scales.v || arch::native::all_finite(scales.v, s.cols()));
+  if (values_finite && scales.v) {                                 // 8-bit V: P scaled per key
+    ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (rows, Bc)
+    ops::scale_columns(s, scales.v);
+    if constexpr (Tiles::pairs) {
+      auto p = t.p.slice_rows(first_row, rows.count());
+      ops::round_to_pairs(p, s);
+      ops::matmul_accumulate(o, p, v);
+    } else {
+      ops::matmul_accumulate(o, s, v);
+    }
+  } else if (values_finite) {
     if constexpr (Tiles::pairs) {
       auto p = t.p.slice_rows(first_row, rows.count());
       ops::online_softmax_step(s, stats, o, mods.to_log2(), &p);   // p := P in bf16, as on GPUs
@@ -193,44 +265,46 @@ void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const
       ops::matmul_accumulate(o, s, v);                             // (rows, dv)
     }
   } else {
-    ops::online_softmax_step_visible_values(s, stats, o, v, mods.to_log2());
+    ops::online_softmax_step_visible_values(s, stats, o, v, mods.to_log2(), scales.v);
   }
 }
 
 /// Every packed row's work on one key tile, or, where the window hides some of them from
 /// this tile, each head's rows that see it (rows masked off are not computed).
 template <class Tiles, class KeyOperand, class ValueOperand, class Io>
-void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, const ops::ScoreModifiers& mods,
-                         const ops::PackedRows& rows, index_t col0, index_t cols, Io& io) {
+void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
+                         const ops::ScoreModifiers& mods, const ops::PackedRows& rows, index_t col0, index_t cols,
+                         Io& io) {
   int values_finite = -1;  // whether V holds no Inf or NaN: -1 until the first product asks
   const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
   if (hi - lo == rows.positions) {
-    attend_key_tile(t, k, v, mods, rows, 0, col0, values_finite, io);
+    attend_key_tile(t, k, v, scales, mods, rows, 0, col0, values_finite, io);
     return;
   }
   for (index_t g = 0; g < rows.heads; ++g)
-    attend_key_tile(t, k, v, mods, {rows.head0 + g, 1, lo, hi - lo}, g * rows.positions + lo - rows.position0,
-                    col0, values_finite, io);
+    attend_key_tile(t, k, v, scales, mods, {rows.head0 + g, 1, lo, hi - lo},
+                    g * rows.positions + lo - rows.position0, col0, values_finite, io);
 }
 
 /// The key loop with K and V read in place: a tile's key and value rows are addresses in
 /// main memory (counted as read once), streamed into cache in one pass (touch_rows, which
 /// the hardware prefetchers follow) before the products read them there.
-template <class T, class Src, class Io>
-void attend_in_place(InPlaceTiles<T>& t, const Src& k, const Src& v, const ops::ScoreModifiers& mods,
+template <class T, class Src, class Scales, class Io>
+void attend_in_place(InPlaceTiles<T>& t, const Src& k, const Src& v, Scales& scales, const ops::ScoreModifiers& mods,
                      const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
   for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
     const index_t cols = std::min(bc, key_end - col0);
     load_row_refs(t.k_rows, k, col0, cols, io);                    // (Bc) key rows
     load_row_refs(t.v_rows, v, col0, cols, io);                    // (Bc) value rows
+    const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
     touch_rows(t.k_rows);
     touch_rows(t.v_rows);
-    attend_visible_rows(t, t.k_rows, t.v_rows, mods, rows, col0, cols, io);
+    attend_visible_rows(t, t.k_rows, t.v_rows, tile_scales, mods, rows, col0, cols, io);
   }
 }
 
-template <class Kv, class T, class Tiles, class Io>
-void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan, const QueryBlock& blk, Tiles& t,
+template <class Kv, class T, class KV, class Tiles, class Io>
+void forward_query_block(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, Tiles& t,
                          Io& io) {
   const SequenceRange& seq = blk.range;
   const ops::PackedRows& rows = blk.rows;
@@ -240,6 +314,11 @@ void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan, const 
   };
   const auto k = Kv::matrix(p, p.k, blk);
   const auto v = Kv::matrix(p, p.v, blk);
+  std::conditional_t<quantized_type<KV>, TileScales, NoTileScales> scales;
+  if constexpr (quantized_type<KV>) {
+    scales.k_source = Kv::scales(p, p.k_scale, blk);
+    scales.v_source = Kv::scales(p, p.v_scale, blk);
+  }
 
   using QOp = typename decltype(t.q)::element_type;
   for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, d) per head
@@ -259,38 +338,39 @@ void forward_query_block(const ForwardParams<T>& p, const TilePlan& plan, const 
   const index_t key_first = std::max(blk.key_begin, mods.window().first(rows.position0));
   const index_t col_begin = key_first / bc * bc;
   if constexpr (Tiles::in_place) {
-    attend_in_place(t, k, v, mods, rows, col_begin, key_end, bc, io);
+    attend_in_place(t, k, v, scales, mods, rows, col_begin, key_end, bc, io);
   } else {
-    attend_packed(t, k, v, mods, rows, col_begin, key_end, bc, io);
+    attend_packed(t, k, v, scales, mods, rows, col_begin, key_end, bc, io);
   }
   finish_query_block(p, blk, t, io);
 }
 
 /// The key loop with K^T and V packed into SRAM tiles, the next tile's rows prefetched.
-template <class Op, class Src, class Io>
-void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, const ops::ScoreModifiers& mods,
+template <class Op, class Src, class Scales, class Io>
+void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scales, const ops::ScoreModifiers& mods,
                    const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
   for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
     const index_t cols = std::min(bc, key_end - col0);
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
     load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
+    const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
     if (const index_t next = col0 + cols; prefetch_next_kv_tile && next < key_end) {
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
     }
-    attend_visible_rows(t, t.k_t, t.v, mods, rows, col0, cols, io);
+    attend_visible_rows(t, t.k_t, t.v, tile_scales, mods, rows, col0, cols, io);
   }
 }
 
-template <class T, class Tiles, class Io>
-void finish_query_block(const ForwardParams<T>& p, const QueryBlock& blk, Tiles& t, Io& io) {
+template <class T, class KV, class Tiles, class Io>
+void finish_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   if (blk.partial >= 0) store_partial_state(p, blk, t, io);
   else store_output(p, blk, t, io);
 }
 
 /// o /= l, lse; O and LSE stored (sinks folded in).
-template <class T, class Tiles, class Io>
-void store_output(const ForwardParams<T>& p, const QueryBlock& blk, Tiles& t, Io& io) {
+template <class T, class KV, class Tiles, class Io>
+void store_output(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
   const ops::PackedRows& rows = blk.rows;
@@ -309,15 +389,15 @@ void store_output(const ForwardParams<T>& p, const QueryBlock& blk, Tiles& t, Io
 
 /// The rows [first, first + q_len) of o_accum (head_dim_v floats each): one head's partial
 /// state of one key chunk, as a matrix of the sequence's query positions.
-template <class T>
-MatrixView<float> accum_matrix(const ForwardParams<T>& p, index_t first, index_t q_len) {
+template <class T, class KV>
+MatrixView<float> accum_matrix(const ForwardParams<T, KV>& p, index_t first, index_t q_len) {
   return {p.o_accum + first * p.head_dim_v(), q_len, p.head_dim_v(), p.head_dim_v(), 1};
 }
 
 /// One key chunk's partial state: O normalized over the chunk and the chunk's LSE, no
 /// sink (the merge adds it once), to o_accum / lse_accum.
-template <class T, class Tiles, class Io>
-void store_partial_state(const ForwardParams<T>& p, const QueryBlock& blk, Tiles& t, Io& io) {
+template <class T, class KV, class Tiles, class Io>
+void store_partial_state(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   const ops::PackedRows& rows = blk.rows;
   for (index_t g = 0; g < rows.heads; ++g) {
     const index_t r0 = g * rows.positions, first = blk.partial + (rows.head0 + g) * blk.range.q_len;
@@ -330,8 +410,8 @@ void store_partial_state(const ForwardParams<T>& p, const QueryBlock& blk, Tiles
 
 /// Merges query head `head`'s partial states of one split sequence in chunk order and
 /// stores O and LSE as the unsplit kernel would (sink included).
-template <class T, class Io>
-void merge_partial_states(const ForwardParams<T>& p, const Merge& m, index_t head, MergeTiles& t, Io& io) {
+template <class T, class KV, class Io>
+void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t head, MergeTiles& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = m.range;
   const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
@@ -348,18 +428,18 @@ void merge_partial_states(const ForwardParams<T>& p, const Merge& m, index_t hea
 /// Runs every work item of `work` under `exec`, then the split sequences' merges; returns
 /// the HBM traffic counted (zero unless Io counts). Each worker's scratch holds exactly the
 /// plan's working set (planned for tile_operand_t<T>). Kv says where K and V live.
-template <class Io, class Kv = ContiguousKv, class T>
-IoCounts run_forward(const ForwardParams<T>& p, const TilePlan& plan, const ForwardWorkList& work,
+template <class Io, class Kv = ContiguousKv, class T, class KV>
+IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
                      const Execution& exec) {
   using Op = tile_operand_t<T>;
   const std::size_t in_place_bytes =
-      InPlaceTiles<T>::footprint(InPlaceTiles<T>::rows(plan), plan.key_tile_rows, p.head_dim(), p.head_dim_v());
+      InPlaceTiles<KV>::footprint(InPlaceTiles<KV>::rows(plan), plan.key_tile_rows, p.head_dim(), p.head_dim_v());
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
   parallel_for(exec, work.size(), [&](index_t item, int worker) {
     const QueryBlock blk = work[item];
     Io& counter = io[static_cast<std::size_t>(worker)];
     if (reads_kv_in_place(p, blk.range)) {
-      auto tiles = InPlaceTiles<T>::carve(worker_scratch(in_place_bytes), plan, p.head_dim(), p.head_dim_v());
+      auto tiles = InPlaceTiles<KV>::carve(worker_scratch(in_place_bytes), plan, p.head_dim(), p.head_dim_v());
       forward_query_block<Kv>(p, plan, blk, tiles, counter);
     } else {
       auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(), p.head_dim_v());
@@ -387,8 +467,8 @@ IoCounts run_forward(const ForwardParams<T>& p, const TilePlan& plan, const Forw
 }
 
 /// The same over the work list of an unsplit forward.
-template <class Io, class T>
-IoCounts run_forward(const ForwardParams<T>& p, const TilePlan& plan, const Execution& exec) {
+template <class Io, class T, class KV>
+IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const Execution& exec) {
   return run_forward<Io>(p, plan, ForwardWorkList(p, plan), exec);
 }
 

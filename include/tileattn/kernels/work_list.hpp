@@ -57,8 +57,8 @@ struct Merge {
 
 class ForwardWorkList {
  public:
-  template <class T>
-  ForwardWorkList(const ForwardParams<T>& p, const TilePlan& plan, const KeySplit& split = {})
+  template <class T, class KV>
+  ForwardWorkList(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split = {})
       : heads_kv_(p.heads_kv()),
         group_(p.group_size()),
         heads_per_tile_(plan.heads_per_tile),
@@ -92,8 +92,8 @@ class ForwardWorkList {
     index_t key_begin, key_end, partial;
   };
 
-  template <class T>
-  void add_sequence(const ForwardParams<T>& p, const TilePlan& plan, const KeySplit& split, index_t b) {
+  template <class T, class KV>
+  void add_sequence(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split, index_t b) {
     const SequenceRange seq = p.sequence(b);
     const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
     const bool split_keys = split.splits(seq.q_len, group_, seq.k_len);

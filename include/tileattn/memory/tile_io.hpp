@@ -10,6 +10,9 @@
 // micro-kernels) take bf16 and pack it as the product needs (pairs along head_dim for Q
 // and K, pairs of rows for V). A paged source (core/paged_view.hpp) is read page run by
 // page run through the same loads: a paged cache is a different load, not another kernel.
+// 8-bit K and V (core/quantized_types.hpp) load like the 16-bit types, converted exactly
+// (every fp8 and int8 value is a bf16 and a float); their scales come as a per-key vector
+// (load_scales) that the kernel folds into the scores and probabilities.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +22,8 @@
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/paged_view.hpp"
+#include "tileattn/core/quantized_types.hpp"
+#include "tileattn/core/scale_source.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/core/tile.hpp"
 
@@ -121,6 +126,34 @@ void load_rows_transposed(Tile<bf16x2>& dst, const MatrixView<const bf16>& src, 
     for (index_t r = 0; r < rows; ++r) dst(pairs - 1, r) = {src(row0 + r, cols - 1), bf16{}};
 }
 
+/// 8-bit keys into a bf16 pair tile (K^T with pairs along d), converted exactly: 16 rows at
+/// a time into float, rounded to pairs (no rounding happens: every 8-bit value is a bf16),
+/// then transposed as 32-bit lanes.
+template <quantized_type S, class Io>
+void load_rows_transposed(Tile<bf16x2>& dst, const MatrixView<const S>& src, index_t row0,
+                          index_t rows, Io& io) {
+  const index_t cols = src.cols, pairs = (cols + 1) / 2;
+  dst.set_extent(pairs, rows);
+  io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
+  constexpr index_t block_rows = 16, block_pairs = 32;
+  alignas(64) float values[2 * block_pairs];
+  alignas(64) bf16x2 stage[block_rows * block_pairs];
+  for (index_t r0 = 0; r0 < rows; r0 += block_rows) {
+    const index_t nr = std::min(block_rows, rows - r0);
+    for (index_t p0 = 0; p0 < pairs; p0 += block_pairs) {
+      const index_t np = std::min(block_pairs, pairs - p0), nc = std::min(2 * np, cols - 2 * p0);
+      for (index_t r = 0; r < nr; ++r) {
+        const S* in = src.row(row0 + r0 + r);
+        if (src.col_stride == 1) arch::native::to_float(in + 2 * p0, values, nc);
+        else for (index_t c = 0; c < nc; ++c) values[c] = to_float(in[(2 * p0 + c) * src.col_stride]);
+        arch::native::round_to_pairs(values, stage + r * block_pairs, nc);
+      }
+      arch::native::transpose(nr, np, reinterpret_cast<const float*>(stage), block_pairs,
+                              reinterpret_cast<float*>(dst.row(p0) + r0), dst.ld());
+    }
+  }
+}
+
 /// Rows of the B operand of a product that sums over them (V in P V). A float tile is
 /// load_rows; a bf16 pair tile interleaves rows 2q and 2q + 1 into its row q (extent
 /// ceil(rows / 2) x cols, an odd last row paired with zeros).
@@ -145,6 +178,30 @@ void load_rows_pairwise(Tile<bf16x2>& dst, const Src& src, index_t row0, index_t
     }
   }
   io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(bf16));
+}
+
+/// 8-bit values into a bf16 pair tile (rows 2q and 2q + 1 interleaved), converted exactly.
+template <class Src, class Io>
+  requires quantized_type<std::remove_const_t<typename Src::element_type>>
+void load_rows_pairwise(Tile<bf16x2>& dst, const Src& src, index_t row0, index_t rows, Io& io) {
+  using S = std::remove_const_t<typename Src::element_type>;
+  const index_t cols = src.cols;
+  dst.set_extent((rows + 1) / 2, cols);
+  constexpr index_t block = 256;
+  alignas(64) float a[block], b[block];
+  for (index_t q = 0; 2 * q < rows; ++q) {
+    const index_t r = row0 + 2 * q;
+    const bool pair = 2 * q + 1 < rows;
+    for (index_t c0 = 0; c0 < cols; c0 += block) {
+      const index_t nc = std::min(block, cols - c0);
+      for (index_t c = 0; c < nc; ++c) {
+        a[c] = to_float(src(r, c0 + c));
+        b[c] = pair ? to_float(src(r + 1, c0 + c)) : 0.0f;
+      }
+      arch::native::interleave_rounded(a, b, dst.row(q) + c0, nc);
+    }
+  }
+  io.read(static_cast<std::uint64_t>(rows * cols) * sizeof(S));
 }
 
 /// The loads above from a paged matrix: each page run is a plain matrix loaded into its
@@ -190,6 +247,16 @@ void load_row_refs(RowRefs<std::remove_const_t<typename Src::element_type>>& dst
     for (index_t r = 0; r < rows; ++r) dst.row_ref(r) = src.row(row0 + r);
   }
   io.read(static_cast<std::uint64_t>(rows * src.cols) * sizeof(S));
+}
+
+/// dst[r] = the scale of key row0 + r, r in [0, rows): an 8-bit K or V tile's scales, one
+/// read counted per run of keys that share one (per page for a paged pool).
+template <class Io>
+void load_scales(float* dst, const ScaleSource& src, index_t row0, index_t rows, Io& io) {
+  src.for_each_run(row0, rows, [&](float scale, index_t at, index_t count) {
+    std::fill_n(dst + at, count, scale);
+    io.read(sizeof(float));
+  });
 }
 
 /// Brings the rows a RowRefs tile points at into cache in one streaming pass (they were

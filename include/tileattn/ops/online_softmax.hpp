@@ -60,6 +60,16 @@ void scale(AnyTile& t, float factor) {
   for (index_t r = 0; r < t.rows(); ++r) arch::native::scale(t.row(r), t.cols(), factor);
 }
 
+/// t[r, j] *= factors[j] for every row: a key tile's dequantization scales applied to the
+/// scores (K's) or the probabilities (V's) of 8-bit K and V.
+template <class AnyTile>
+void scale_columns(AnyTile& t, const float* factors) {
+  for (index_t r = 0; r < t.rows(); ++r) {
+    float* row = t.row(r);
+    for (index_t j = 0; j < t.cols(); ++j) row[j] *= factors[j];
+  }
+}
+
 /// True when no element of the tile is Inf or NaN.
 template <class AnyTile>
 bool all_finite(const AnyTile& t) {
@@ -150,7 +160,8 @@ inline float probability_as(const Tile<bf16x2>&, float p) { return to_float(bf16
 /// order differs from vdpbf16ps's in the last bits).
 template <class ScoreTile, class AccTile, class ValueTile>
 void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& o,
-                                        const ValueTile& v, float to_log2) {
+                                        const ValueTile& v, float to_log2,
+                                        const float* value_scales = nullptr) {
   thread_local std::vector<unsigned char> visible;  // one row's keys: this rare path's only buffer
   visible.resize(static_cast<std::size_t>(s.cols()));
   for (index_t i = 0; i < s.rows(); ++i) {
@@ -163,7 +174,8 @@ void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& 
     float* out = o_row.row(0);
     for (index_t j = 0; j < s.cols(); ++j) {
       if (!visible[static_cast<std::size_t>(j)]) continue;
-      const float pj = detail::probability_as(v, p[j]);
+      float pj = detail::probability_as(v, p[j]);
+      if (value_scales) pj *= value_scales[j];
       for (index_t c = 0; c < o_row.cols(); ++c) out[c] = std::fma(pj, detail::value_at(v, j, c), out[c]);
     }
   }

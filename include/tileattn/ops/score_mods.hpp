@@ -33,8 +33,8 @@ struct KeyWindow {
   /// The window of sequence `seq` under params p (alignment, window, causal). A side at
   /// least q_len + k_len wide is unbounded: no distance i + offset - j reaches it, and the
   /// positions below never overflow.
-  template <class T>
-  static KeyWindow of(const ForwardParams<T>& p, const SequenceRange& seq) {
+  template <class T, class KV>
+  static KeyWindow of(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
     const auto bound = [&](index_t side) { return side >= seq.q_len + seq.k_len ? -1 : side; };
     return {p.mask_offset(seq), bound(p.window_left), bound(p.effective_window_right()), seq.k_len};
   }
@@ -94,8 +94,8 @@ void mask_outside_window(ScoreTile& s, const PackedRows& rows, index_t col0, con
 /// The score modifiers of one sequence, resolved from the params once per work item.
 class ScoreModifiers {
  public:
-  template <class T>
-  ScoreModifiers(const ForwardParams<T>& p, index_t sequence, const SequenceRange& seq)
+  template <class T, class KV>
+  ScoreModifiers(const ForwardParams<T, KV>& p, index_t sequence, const SequenceRange& seq)
       : window_(KeyWindow::of(p, seq)),
         to_log2_(p.softmax_scale * log2e),
         softcap_(static_cast<double>(p.softcap) * std::numbers::log2e),
