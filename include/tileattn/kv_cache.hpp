@@ -181,11 +181,38 @@ class KvCache {
   /// [position0, position0 + n) of the sequence in `layer`; they must be below length() and in
   /// pages the sequence holds alone. Rows hold T (float, bf16 or fp16 for an 8-bit cache,
   /// which quantizes them); const or not.
+  void write(index_t layer, SequenceId sequence, index_t position0, StridedView<const T, 3> k_new,
+             StridedView<const T, 3> v_new)
+    requires(!quantized)
+  {
+    write_rows(layer, sequence, position0, k_new, v_new);
+  }
   template <class RowK, class RowV>
   void write(index_t layer, SequenceId sequence, index_t position0, const StridedView<RowK, 3>& k_rows,
-             const StridedView<RowV, 3>& v_rows) {
+             const StridedView<RowV, 3>& v_rows)
+    requires quantized
+  {
     using S = row_type<RowK, RowV>;
-    const StridedView<const S, 3> k_new = k_rows, v_new = v_rows;
+    write_rows(layer, sequence, position0, StridedView<const S, 3>(k_rows), StridedView<const S, 3>(v_rows));
+  }
+
+  /// write() of the last n = k_new.shape[0] positions: the ones extend(sequence, n) reserved.
+  void write(index_t layer, SequenceId sequence, StridedView<const T, 3> k_new, StridedView<const T, 3> v_new)
+    requires(!quantized)
+  {
+    write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
+  }
+  template <class RowK, class RowV>
+  void write(index_t layer, SequenceId sequence, const StridedView<RowK, 3>& k_new, const StridedView<RowV, 3>& v_new)
+    requires quantized
+  {
+    write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
+  }
+
+ private:
+  template <class S>
+  void write_rows(index_t layer, SequenceId sequence, index_t position0, StridedView<const S, 3> k_new,
+                  StridedView<const S, 3> v_new) {
     check_layer(layer);
     const Sequence& s = at(sequence);
     check_new_rows(k_new, v_new, detail::new_k_dims, detail::new_v_dims, detail::tokens_may_be_empty);
@@ -211,11 +238,8 @@ class KvCache {
     }
   }
 
-  /// write() of the last n = k_new.shape[0] positions: the ones extend(sequence, n) reserved.
-  template <class RowK, class RowV>
-  void write(index_t layer, SequenceId sequence, const StridedView<RowK, 3>& k_new, const StridedView<RowV, 3>& v_new) {
-    write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
-  }
+
+ public:
 
   /// The free pages extend(sequence, n) would take (a copy-on-write copy included), so a
   /// scheduler can check a whole batch before it extends any sequence.
@@ -228,10 +252,22 @@ class KvCache {
 
   /// Extends by n and writes every layer: k_new [num_layers, n, heads_kv, head_dim], v_new
   /// [num_layers, n, heads_kv, head_dim_v]. All or nothing.
+  void append(SequenceId sequence, TensorView<const T> k_new, TensorView<const T> v_new)
+    requires(!quantized)
+  {
+    append_rows(sequence, k_new, v_new);
+  }
   template <class RowK, class RowV>
-  void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows) {
+  void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows)
+    requires quantized
+  {
     using S = row_type<RowK, RowV>;
-    const TensorView<const S> k_new = k_rows, v_new = v_rows;
+    append_rows(sequence, TensorView<const S>(k_rows), TensorView<const S>(v_rows));
+  }
+
+ private:
+  template <class S>
+  void append_rows(SequenceId sequence, TensorView<const S> k_new, TensorView<const S> v_new) {
     const index_t position0 = at(sequence).length;
     check_new_rows(k_new, v_new, {"num_layers", "num_tokens", "heads_kv", "head_dim"},
                    {"num_layers", "num_tokens", "heads_kv", "head_dim_v"}, {false, true, false, false});
@@ -239,8 +275,10 @@ class KvCache {
       require_extent(view, name, 0, "num_layers", num_layers());
     extend(sequence, k_new.shape[1]);  // the checks above are write()'s: nothing below throws
     for (index_t l = 0; l < num_layers(); ++l)
-      write(l, sequence, position0, layer_rows(k_new, l), layer_rows(v_new, l));
+      write_rows(l, sequence, position0, layer_rows(k_new, l), layer_rows(v_new, l));
   }
+
+ public:
 
   /// Rolls back to new_length tokens: pages past it lose a reference (freed at 0).
   void truncate(SequenceId sequence, index_t new_length) {

@@ -123,8 +123,10 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
 }
 
 /// The key chunking for a batch (independent of the thread count; see PagedOptions).
+/// kv_heads_per_item: K/V heads one work item takes (kernels::in_place_heads_per_item).
 template <class T, class KV>
-kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, index_t longest, index_t num_splits) {
+kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, index_t longest, index_t num_splits,
+                               index_t kv_heads_per_item) {
   const auto round_to_tiles = [&](index_t keys) { return (keys + key_tile - 1) / key_tile * key_tile; };
   kernels::KeySplit split{0, split_max_query_rows};
   if (num_splits == 1 || longest == 0) return split;
@@ -132,7 +134,7 @@ kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, 
     split.keys_per_split = round_to_tiles((longest + num_splits - 1) / num_splits);
   } else {
     index_t keys = 0;
-    for (index_t b = 0; b < p.batch(); ++b) keys += p.sequence(b).k_len * p.heads_kv();
+    for (index_t b = 0; b < p.batch(); ++b) keys += p.sequence(b).k_len * (p.heads_kv() / kv_heads_per_item);
     split.keys_per_split =
         std::max(round_to_tiles(min_split_keys), round_to_tiles((keys + split_target_items - 1) / split_target_items));
   }
@@ -147,8 +149,9 @@ PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, inde
   const PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
                         p.batch() * p.heads_kv(), kernels::tile_operands_v<Op>};
   const TilePlan tiles = plan_forward(shape, options);
-  const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options.num_splits);
-  return {tiles, split, kernels::ForwardWorkList(p, tiles, split), paged_signature(p, options)};
+  const index_t heads_per_item = kernels::in_place_heads_per_item(p, tiles);
+  const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options.num_splits, heads_per_item);
+  return {tiles, split, kernels::ForwardWorkList(p, tiles, split, heads_per_item), paged_signature(p, options)};
 }
 
 template <class T, class KV>

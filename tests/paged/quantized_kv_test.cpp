@@ -594,3 +594,57 @@ TEST(QuantizedCache, RejectsScalesItCannotUse) {
 
 }  // namespace
 }  // namespace tileattn::test
+
+namespace tileattn::test {
+namespace {
+
+/// Decode items take several K/V heads (ForwardWorkList's kv_heads_per_item) so that a
+/// key's rows of all of them stream in as one run; each head's arithmetic must not change:
+/// every grouping gives the bits of one head per item, for float, bf16 and 8-bit K/V.
+template <class T, class KV>
+void check_head_grouping() {
+  const index_t B = 3, N = 1, Nk = 301, H = 8, Hkv = 4, D = 40;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal;
+  std::vector<T> q(static_cast<std::size_t>(B * N * H * D));
+  std::vector<KV> k(static_cast<std::size_t>(B * Nk * Hkv * D)), v(k.size());
+  for (auto& x : q) x = from_float<T>(normal(rng));
+  const auto value = [&] {
+    if constexpr (quantized_type<KV>) return quantize<KV>(normal(rng), 0.05f);
+    else return from_float<KV>(normal(rng));
+  };
+  for (auto& x : k) x = value();
+  for (auto& x : v) x = value();
+  std::vector<float> scales(static_cast<std::size_t>(B * Hkv), 0.05f);
+  ForwardOptions opt;
+  if constexpr (quantized_type<KV>) {
+    opt.k_scale = {scales.data(), {B, Hkv}, {Hkv, 1}};
+    opt.v_scale = opt.k_scale;
+  }
+  const auto run = [&](index_t heads_per_item) {
+    std::vector<T> o(q.size(), from_float<T>(sentinel));
+    std::vector<float> lse(static_cast<std::size_t>(B * H * N), sentinel);
+    auto p = detail::make_params(make_bshd<const T>(q.data(), B, N, H, D), make_bshd<const KV>(k.data(), B, Nk, Hkv, D),
+                                 make_bshd<const KV>(v.data(), B, Nk, Hkv, D), make_bshd(o.data(), B, N, H, D),
+                                 make_lse(lse.data(), B, H, N), opt);
+    detail::set_kv_scales(p, opt, "batch", B);
+    const TilePlan plan = plan_forward(detail::plan_shape(p.q, p.k, p.v, B, N, Nk), opt);
+    EXPECT_EQ(kernels::in_place_heads_per_item(p, plan), Hkv);  // the default groups them all
+    kernels::run_forward<NoIoCounting>(p, plan, kernels::ForwardWorkList(p, plan, {}, heads_per_item), opt.execution);
+    std::vector<float> out = as_floats(o);
+    out.insert(out.end(), lse.begin(), lse.end());
+    return out;
+  };
+  const auto one = run(1);
+  for (index_t g : {index_t{2}, index_t{4}}) EXPECT_TRUE(bitwise_equal(one, run(g))) << "heads per item " << g;
+}
+
+TEST(InPlaceHeadGrouping, ChangesNoBit) {
+  check_head_grouping<float, float>();
+  check_head_grouping<bf16, bf16>();
+  check_head_grouping<bf16, std::int8_t>();
+  check_head_grouping<float, fp8_e4m3>();
+}
+
+}  // namespace
+}  // namespace tileattn::test

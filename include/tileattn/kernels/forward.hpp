@@ -286,63 +286,146 @@ void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, c
                     g * rows.positions + lo - rows.position0, col0, values_finite, io);
 }
 
-/// The key loop with K and V read in place: a tile's key and value rows are addresses in
-/// main memory (counted as read once), streamed into cache in one pass (touch_rows, which
-/// the hardware prefetchers follow) before the products read them there.
-template <class T, class Src, class Scales, class Io>
-void attend_in_place(InPlaceTiles<T>& t, const Src& k, const Src& v, Scales& scales, const ops::ScoreModifiers& mods,
-                     const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
-  for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
-    const index_t cols = std::min(bc, key_end - col0);
-    load_row_refs(t.k_rows, k, col0, cols, io);                    // (Bc) key rows
-    load_row_refs(t.v_rows, v, col0, cols, io);                    // (Bc) value rows
-    const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
-    touch_rows(t.k_rows);
-    touch_rows(t.v_rows);
-    attend_visible_rows(t, t.k_rows, t.v_rows, tile_scales, mods, rows, col0, cols, io);
-  }
-}
 
-template <class Kv, class T, class KV, class Tiles, class Io>
-void forward_query_block(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, Tiles& t,
-                         Io& io) {
-  const SequenceRange& seq = blk.range;
-  const ops::PackedRows& rows = blk.rows;
-  const ops::ScoreModifiers mods(p, blk.sequence, seq);
-  const auto q_of = [&](const auto& view, index_t g) {
-    return sequence_matrix(view, seq.view_batch, rows.head0 + g, seq.q_start, seq.q_len);
-  };
-  const auto k = Kv::matrix(p, p.k, blk);
-  const auto v = Kv::matrix(p, p.v, blk);
+/// The scales of an item's K and V (8-bit K/V; nothing otherwise).
+template <class Kv, class T, class KV>
+auto item_scales(const ForwardParams<T, KV>& p, const QueryBlock& blk) {
   std::conditional_t<quantized_type<KV>, TileScales, NoTileScales> scales;
   if constexpr (quantized_type<KV>) {
     scales.k_source = Kv::scales(p, p.k_scale, blk);
     scales.v_source = Kv::scales(p, p.v_scale, blk);
   }
+  return scales;
+}
 
+/// Loads an item's queries into t.q and clears its output accumulator and statistics.
+template <class T, class KV, class Tiles, class Io>
+void start_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t, Io& io) {
+  const SequenceRange& seq = blk.range;
+  const ops::PackedRows& rows = blk.rows;
   using QOp = typename decltype(t.q)::element_type;
   for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, d) per head
     auto q_head = t.q.slice_rows(g * rows.positions, rows.positions);
-    load_rows(q_head, q_of(p.q, g), rows.position0, rows.positions, io);
+    load_rows(q_head, sequence_matrix(p.q, seq.view_batch, rows.head0 + g, seq.q_start, seq.q_len),
+              rows.position0, rows.positions, io);
   }
   t.q.set_extent(rows.count(), operand_cols<QOp>(p.head_dim()));   // (Br, d)
   t.o.set_extent(rows.count(), p.head_dim_v());                    // (Br, dv)
   ops::fill(t.o, 0.0f);
   t.stats.reset(rows.count());
+}
 
-  // Key tiles start at multiples of Bc (and key chunks too), so each row meets the same
-  // tiles whatever query tile it is in: results do not depend on the packing or the
-  // thread count.
-  const index_t bc = plan.key_tile_rows;
+/// The key tiles an item visits: [col_begin, key_end) in steps of Bc. Key tiles start at
+/// multiples of Bc (and key chunks too), so each row meets the same tiles whatever query
+/// tile it is in: results do not depend on the packing or the thread count.
+struct KeyRange {
+  index_t col_begin, key_end;
+};
+inline KeyRange key_range(const QueryBlock& blk, const ops::ScoreModifiers& mods, index_t bc) {
+  const ops::PackedRows& rows = blk.rows;
   const index_t key_end = std::min(blk.key_end, mods.window().end(rows.position0 + rows.positions - 1));
   const index_t key_first = std::max(blk.key_begin, mods.window().first(rows.position0));
-  const index_t col_begin = key_first / bc * bc;
-  if constexpr (Tiles::in_place) {
-    attend_in_place(t, k, v, scales, mods, rows, col_begin, key_end, bc, io);
-  } else {
-    attend_packed(t, k, v, scales, mods, rows, col_begin, key_end, bc, io);
-  }
+  return {key_first / bc * bc, key_end};
+}
+
+/// A packed item: its queries, the key loop with K^T and V tiles, its output.
+template <class Kv, class T, class KV, class Tiles, class Io>
+void forward_query_block(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, Tiles& t,
+                         Io& io) {
+  const ops::ScoreModifiers mods(p, blk.sequence, blk.range);
+  const auto k = Kv::matrix(p, p.k, blk);
+  const auto v = Kv::matrix(p, p.v, blk);
+  auto scales = item_scales<Kv>(p, blk);
+  start_query_block(p, blk, t, io);
+  const index_t bc = plan.key_tile_rows;
+  const KeyRange keys = key_range(blk, mods, bc);
+  attend_packed(t, k, v, scales, mods, blk.rows, keys.col_begin, keys.key_end, bc, io);
   finish_query_block(p, blk, t, io);
+}
+
+/// The most K/V heads one in-place item takes (QueryBlock::kv_heads).
+inline constexpr index_t max_kv_heads_per_item = 16;
+
+/// The SRAM an in-place item of `heads` K/V heads carves: each head's InPlaceTiles, and
+/// the interleaved row addresses of one key tile of all of them (touch_head_rows).
+template <class KV>
+std::size_t in_place_item_bytes(const TilePlan& plan, index_t d, index_t dv, index_t heads) {
+  const index_t bc = plan.key_tile_rows;
+  return static_cast<std::size_t>(heads) * InPlaceTiles<KV>::footprint(InPlaceTiles<KV>::rows(plan), bc, d, dv) +
+         round_up_to_line(static_cast<std::size_t>(heads * bc) * sizeof(const void*));
+}
+
+/// K/V heads per work item (ForwardWorkList): when every sequence reads K and V in place,
+/// the largest divisor of heads_kv (at most max_kv_heads_per_item) whose key tiles of K
+/// and V rows, with the item's tiles, take at most half the SRAM budget (the rows of one
+/// key tile stay in cache between the pass that streams them in and the products); else 1.
+template <class T, class KV>
+index_t in_place_heads_per_item(const ForwardParams<T, KV>& p, const TilePlan& plan) {
+  for (index_t b = 0; b < p.batch(); ++b)
+    if (!reads_kv_in_place(p, p.sequence(b))) return 1;
+  const auto rows_bytes = static_cast<std::size_t>(plan.key_tile_rows * (p.head_dim() + p.head_dim_v())) * sizeof(KV);
+  for (index_t g = std::min(p.heads_kv(), max_kv_heads_per_item); g > 1; --g)
+    if (p.heads_kv() % g == 0 &&
+        static_cast<std::size_t>(g) * rows_bytes + in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), g) <=
+            plan.sram_budget_bytes / 2)
+      return g;
+  return 1;
+}
+
+/// Streams one key tile's K (or V) rows of every head of an item into cache, key by key
+/// and head by head within a key: adjacent in memory, so one sequential pass per page.
+template <class KV>
+void touch_head_rows(const RowRefs<KV>* rows, index_t heads, const void** order) {
+  const index_t cols = rows[0].rows();
+  for (index_t r = 0; r < cols; ++r)
+    for (index_t h = 0; h < heads; ++h) order[r * heads + h] = rows[h].row(r);
+  arch::native::touch_rows(order, cols * heads, rows[0].cols() * static_cast<index_t>(sizeof(KV)));
+}
+
+/// An in-place item of blk.kv_heads K/V heads: every head's queries, then, key tile by key
+/// tile, the rows of all heads streamed in together (touch_head_rows) and each head's
+/// products on them, then every head's output. Each head computes exactly what an item of
+/// its own would: the results are the same bits for any kv_heads.
+template <class Kv, class T, class KV, class Io>
+void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk,
+                            ScratchArena& arena, Io& io) {
+  using Src = decltype(Kv::matrix(p, p.k, blk));
+  const index_t n = blk.kv_heads, bc = plan.key_tile_rows;
+  assert(n >= 1 && n <= max_kv_heads_per_item);
+  const ops::ScoreModifiers mods(p, blk.sequence, blk.range);
+  QueryBlock head_blk[max_kv_heads_per_item];
+  InPlaceTiles<KV> t[max_kv_heads_per_item];
+  RowRefs<KV> k_rows[max_kv_heads_per_item], v_rows[max_kv_heads_per_item];
+  Src k[max_kv_heads_per_item], v[max_kv_heads_per_item];
+  for (index_t h = 0; h < n; ++h) {
+    head_blk[h] = blk;
+    head_blk[h].kv_head = blk.kv_head + h;
+    head_blk[h].rows.head0 = blk.rows.head0 + h * p.group_size();
+    head_blk[h].kv_heads = 1;
+    t[h] = InPlaceTiles<KV>::carve(arena, plan, p.head_dim(), p.head_dim_v());
+    k[h] = Kv::matrix(p, p.k, head_blk[h]);
+    v[h] = Kv::matrix(p, p.v, head_blk[h]);
+    start_query_block(p, head_blk[h], t[h], io);
+  }
+  const auto** order = arena.carve<const void*>(static_cast<std::size_t>(n * bc));
+  const KeyRange keys = key_range(blk, mods, bc);
+  for (index_t col0 = keys.col_begin; col0 < keys.key_end; col0 += bc) {
+    const index_t cols = std::min(bc, keys.key_end - col0);
+    for (index_t h = 0; h < n; ++h) {
+      load_row_refs(t[h].k_rows, k[h], col0, cols, io);            // (Bc) key rows per head
+      load_row_refs(t[h].v_rows, v[h], col0, cols, io);            // (Bc) value rows per head
+      k_rows[h] = t[h].k_rows;
+      v_rows[h] = t[h].v_rows;
+    }
+    touch_head_rows(k_rows, n, order);  // (a software prefetch of the next tile's rows
+    touch_head_rows(v_rows, n, order);  // here gained nothing: docs/paged.md)
+    for (index_t h = 0; h < n; ++h) {
+      auto scales = item_scales<Kv>(p, head_blk[h]);
+      const TileScalesRef tile_scales = scales.load(col0, cols, io);
+      attend_visible_rows(t[h], t[h].k_rows, t[h].v_rows, tile_scales, mods, head_blk[h].rows, col0, cols, io);
+    }
+  }
+  for (index_t h = 0; h < n; ++h) finish_query_block(p, head_blk[h], t[h], io);
 }
 
 /// The key loop with K^T and V packed into SRAM tiles, the next tile's rows prefetched.
@@ -433,14 +516,13 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
                      const Execution& exec) {
   using Op = tile_operand_t<T>;
   const std::size_t in_place_bytes =
-      InPlaceTiles<KV>::footprint(InPlaceTiles<KV>::rows(plan), plan.key_tile_rows, p.head_dim(), p.head_dim_v());
+      in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
   parallel_for(exec, work.size(), [&](index_t item, int worker) {
     const QueryBlock blk = work[item];
     Io& counter = io[static_cast<std::size_t>(worker)];
     if (reads_kv_in_place(p, blk.range)) {
-      auto tiles = InPlaceTiles<KV>::carve(worker_scratch(in_place_bytes), plan, p.head_dim(), p.head_dim_v());
-      forward_query_block<Kv>(p, plan, blk, tiles, counter);
+      forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), counter);
     } else {
       auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(), p.head_dim_v());
       forward_query_block<Kv>(p, plan, blk, tiles, counter);
@@ -469,7 +551,7 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
 /// The same over the work list of an unsplit forward.
 template <class Io, class T, class KV>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const Execution& exec) {
-  return run_forward<Io>(p, plan, ForwardWorkList(p, plan), exec);
+  return run_forward<Io>(p, plan, ForwardWorkList(p, plan, {}, in_place_heads_per_item(p, plan)), exec);
 }
 
 }  // namespace tileattn::kernels

@@ -14,6 +14,13 @@
 // (ops/merge_states.hpp). The chunking depends only on the shapes, never on the thread
 // count, so every thread count gives the same bits. The list holds one entry per
 // (sequence, query tile, key chunk): O(N / Br) memory.
+//
+// K/V heads per item. When every sequence reads K and V in place (decoding, short verify
+// steps), an item may take kv_heads consecutive K/V heads: it then reads each key's rows of
+// all those heads, which lie next to each other in the [.., seqlen, heads_kv, head_dim]
+// layout, as one contiguous run (a whole page of a paged cache) instead of heads_kv
+// strided pieces, which the hardware prefetchers follow far better (docs/paged.md).
+// Each head's arithmetic is unchanged: only the order in which heads run changes.
 #pragma once
 
 #include <algorithm>
@@ -44,6 +51,7 @@ struct QueryBlock {
   ops::PackedRows rows;  // query heads and positions packed into the tile
   index_t key_begin = 0, key_end = 0;  // the keys this item attends: [key_begin, key_end)
   index_t partial = -1;  // >= 0: first o_accum row of its partial state; -1: writes O
+  index_t kv_heads = 1;  // K/V heads kv_head, kv_head + 1, ... this item attends (rows: the first's)
 };
 
 /// One split sequence's merge: `chunks` partial states, each heads_q x q_len rows from
@@ -57,26 +65,32 @@ struct Merge {
 
 class ForwardWorkList {
  public:
+  /// kv_heads_per_item divides heads_kv; > 1 only when each tile holds a whole group.
   template <class T, class KV>
-  ForwardWorkList(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split = {})
+  ForwardWorkList(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split = {},
+                  index_t kv_heads_per_item = 1)
       : heads_kv_(p.heads_kv()),
         group_(p.group_size()),
         heads_per_tile_(plan.heads_per_tile),
-        chunks_((group_ + heads_per_tile_ - 1) / heads_per_tile_) {
+        chunks_((group_ + heads_per_tile_ - 1) / heads_per_tile_),
+        kv_heads_per_item_(chunks_ == 1 ? kv_heads_per_item : 1),
+        kv_groups_(heads_kv_ / kv_heads_per_item_) {
     for (index_t b = 0; b < p.batch(); ++b) add_sequence(p, plan, split, b);
     std::stable_sort(tiles_.begin(), tiles_.end(),
                      [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
   }
 
-  index_t size() const { return static_cast<index_t>(tiles_.size()) * heads_kv_ * chunks_; }
+  index_t size() const { return static_cast<index_t>(tiles_.size()) * kv_groups_ * chunks_; }
+  index_t kv_heads_per_item() const { return kv_heads_per_item_; }
 
   QueryBlock operator[](index_t item) const {
-    const Tile& t = tiles_[static_cast<std::size_t>(item / (heads_kv_ * chunks_))];
-    const index_t rest = item % (heads_kv_ * chunks_);
-    const index_t kv_head = rest / chunks_, chunk = rest % chunks_;
+    const Tile& t = tiles_[static_cast<std::size_t>(item / (kv_groups_ * chunks_))];
+    const index_t rest = item % (kv_groups_ * chunks_);
+    const index_t kv_head = rest / chunks_ * kv_heads_per_item_, chunk = rest % chunks_;
     const index_t head0 = kv_head * group_ + chunk * heads_per_tile_;
     const index_t heads = std::min(heads_per_tile_, (kv_head + 1) * group_ - head0);
-    return {t.sequence, t.range, kv_head, {head0, heads, t.row0, t.rows}, t.key_begin, t.key_end, t.partial};
+    return {t.sequence, t.range, kv_head, {head0, heads, t.row0, t.rows}, t.key_begin, t.key_end, t.partial,
+            kv_heads_per_item_};
   }
 
   /// The split sequences' merges, and the o_accum / lse_accum rows their states take.
@@ -115,7 +129,7 @@ class ForwardWorkList {
     if (split_keys) partial_rows_ += key_chunks * p.heads() * seq.q_len;
   }
 
-  index_t heads_kv_, group_, heads_per_tile_, chunks_;
+  index_t heads_kv_, group_, heads_per_tile_, chunks_, kv_heads_per_item_, kv_groups_;
   std::vector<Tile> tiles_;
   std::vector<Merge> merges_;
   index_t partial_rows_ = 0;
