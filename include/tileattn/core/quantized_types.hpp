@@ -150,6 +150,7 @@ inline std::int8_t quantize_int8(float x, float scale) {
 }
 
 /// x as 8-bit type Q at `scale`: fp8 is x / scale rounded (saturating), int8 quantize_int8.
+/// `scale` must be finite and > 0 (int8: or 0); write_kv_slots and KvCache check that.
 template <quantized_type Q>
 Q quantize(float x, float scale) {
   if constexpr (std::is_same_v<Q, std::int8_t>) return quantize_int8(x, scale);
