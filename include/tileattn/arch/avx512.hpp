@@ -725,13 +725,16 @@ inline __m512 sum_lanes_16(const __m512 (&a)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, even), _mm512_shuffle_f32x4(e0, e1, odd));
 }
 
-/// Rows (1 or 2) of C, keys j0 .. j0 + 8: 8 * Rows accumulators of 16 lanes (acc[r * 8 + j];
-/// the rest zero), reduced together by sum_lanes_16. Eight keys at a time keep the rows a
-/// block reads within an L1 set's ways even when they lie 4 KiB apart (a paged cache's rows
-/// of one head often do).
-template <int Rows, class E>
-inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const (&rows)[8], index_t nj,
+/// Rows of C x Keys keys (Rows * Keys <= 16: 1 x 8, 2 x 8 or 4 x 4): one accumulator of
+/// 16 lanes per dot product (acc[r * Keys + j]; the rest zero), reduced together by
+/// sum_lanes_16, whose order is the same for every slot. A key row is converted once per
+/// block, so 4 x 4 (a group of 4 query heads) converts 8-bit and 16-bit keys half as often
+/// as 2 x 8. Few keys at a time keep the rows a block reads within an L1 set's ways even
+/// when they lie 4 KiB apart (a paged cache's rows of one head often do).
+template <int Rows, int Keys, class E>
+inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const* rows, index_t nj,
                           float* c, index_t ldc) {
+  static_assert(Rows * Keys <= 16);
   const index_t k_full = k / lanes * lanes;
   const __mmask16 k_tail = first_lanes(k - k_full);
   __m512 acc[16];
@@ -739,28 +742,29 @@ inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const
   for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
   for (index_t p = 0; p < k_full; p += lanes) {
     __m512 av[Rows];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int r = 0; r < Rows; ++r) av[r] = _mm512_loadu_ps(a + r * lda + p);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < Keys; ++j) {
       const __m512 bv = load_floats(rows[j] + p);
-#pragma GCC unroll 2
-      for (int r = 0; r < Rows; ++r) acc[r * 8 + j] = _mm512_fmadd_ps(av[r], bv, acc[r * 8 + j]);
+#pragma GCC unroll 4
+      for (int r = 0; r < Rows; ++r) acc[r * Keys + j] = _mm512_fmadd_ps(av[r], bv, acc[r * Keys + j]);
     }
   }
   if (k_full < k) {
     __m512 av[Rows];
     for (int r = 0; r < Rows; ++r) av[r] = _mm512_maskz_loadu_ps(k_tail, a + r * lda + k_full);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < Keys; ++j) {
       const __m512 bv = load_floats(rows[j] + k_full, k_tail);
-      for (int r = 0; r < Rows; ++r) acc[r * 8 + j] = _mm512_mask3_fmadd_ps(av[r], bv, acc[r * 8 + j], k_tail);
+      for (int r = 0; r < Rows; ++r) acc[r * Keys + j] = _mm512_mask3_fmadd_ps(av[r], bv, acc[r * Keys + j], k_tail);
     }
   }
   const __m512 sums = sum_lanes_16(acc);
   const __mmask16 keys = first_lanes(nj);
-  _mm512_mask_storeu_ps(c, keys, sums);
-  if constexpr (Rows == 2) _mm512_mask_storeu_ps(c + ldc - 8, static_cast<__mmask16>(keys << 8), sums);
+#pragma GCC unroll 4
+  for (int r = 0; r < Rows; ++r)  // row r's sums are lanes r * Keys ..: stored from c[r, -r * Keys]
+    _mm512_mask_storeu_ps(c + r * ldc - r * Keys, static_cast<__mmask16>(keys << (r * Keys)), sums);
 }
 
 /// C (Rows x Vectors*16, the last vector limited to `last`) += A B with B's row p at
@@ -837,8 +841,8 @@ inline void touch_rows(const void* const* rows, index_t n, index_t bytes) {
 
 /// C (M x N) = A (M x K) * B^T, B given by its N rows b_rows[j] (K elements each, float,
 /// bf16, fp16 or 8-bit, anywhere in memory): Q K^T with the keys read in place. Blocks of
-/// 2 rows of A x 8 keys; each dot product sums 16 lanes, then reduces them in
-/// generic::dot_lanes_sum's order.
+/// 4 rows of A x 4 keys, then 2 x 8 and 1 x 8; each dot product sums 16 lanes, then
+/// reduces them in generic::dot_lanes_sum's order.
 template <class E>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
                   float* c, index_t ldc) {
@@ -847,8 +851,12 @@ void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, 
     const E* rows[8];
     for (index_t j = 0; j < 8; ++j) rows[j] = b_rows[j0 + (j < nj ? j : 0)];  // a real row stands in past n
     index_t i = 0;
-    for (; i + 2 <= m; i += 2) detail::gemm_nt_block<2>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
-    if (i < m) detail::gemm_nt_block<1>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
+    for (; i + 4 <= m; i += 4) {
+      detail::gemm_nt_block<4, 4>(k, a + i * lda, lda, rows, nj < 4 ? nj : 4, c + i * ldc + j0, ldc);
+      if (nj > 4) detail::gemm_nt_block<4, 4>(k, a + i * lda, lda, rows + 4, nj - 4, c + i * ldc + j0 + 4, ldc);
+    }
+    for (; i + 2 <= m; i += 2) detail::gemm_nt_block<2, 8>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
+    if (i < m) detail::gemm_nt_block<1, 8>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
   }
 }
 
