@@ -7,7 +7,7 @@
 #      without oneTBB: Debian's libtbb is not instrumented and its task hand-offs, inlined
 #      from its headers into our binaries, are reported by the dozen (docs/reliability.md);
 #   3. each libFuzzer harness under ASan + UBSan for TILEATTN_FUZZ_RUNS inputs (default
-#      20000) from its seed corpus.
+#      12000) from its seed corpus.
 # Builds in build-asan/, build-tsan/ and build-fuzz/; exits non-zero on any report. Works
 # from any directory. Run one part with: scripts/sanitize.sh asan|tsan|fuzz
 set -euo pipefail
@@ -57,7 +57,7 @@ run_fuzz() {
   echo "== libFuzzer harnesses (clang, ASan + UBSan)"
   cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_BUILD_FUZZERS=ON \
-    -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-20000}"
+    -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-12000}"
   cmake --build build-fuzz -j"$jobs" --target forward_fuzz
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-fuzz --output-on-failure -L fuzz
