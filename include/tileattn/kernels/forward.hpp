@@ -80,7 +80,6 @@ bool reads_kv_in_place(const ForwardParams<T, KV>& p, const SequenceRange& seq) 
 template <class Op>
 struct ForwardTiles {
   static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
-  static constexpr bool in_place = false;
   Tile<Op> q;             // (Br, d) packed queries
   Tile<Op> k_t;           // (d, Bc) keys, transposed
   Tile<Op> v;             // (Bc, dv) values
@@ -111,7 +110,6 @@ struct ForwardTiles {
 template <class T>
 struct InPlaceTiles {
   static constexpr bool pairs = false;
-  static constexpr bool in_place = true;
   Tile<float> q, s, o;
   ops::RowStats stats;
   TileVector<float> lse;
