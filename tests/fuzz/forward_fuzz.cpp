@@ -58,6 +58,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fuzz/fuzz_support.hpp"
 #include "support/test_support.hpp"
 
 namespace {
@@ -66,13 +67,12 @@ using namespace tileattn;
 using tileattn::test::Deviation;
 using tileattn::test::sentinel;
 
-constexpr float nan = std::numeric_limits<float>::quiet_NaN();
-constexpr float inf = std::numeric_limits<float>::infinity();
+using fuzz::all_bits_equal;
+using fuzz::changed_outside;
+using fuzz::inf;
+using fuzz::nan;
 
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "forward_fuzz: %s\n", what.c_str());
-  std::abort();
-}
+[[noreturn]] void fail(const std::string& what) { fuzz::fail("forward_fuzz", what); }
 
 /// A buffer of N(0, 1) values (seeded from the input) with a view in a chosen layout.
 struct Buffer {
@@ -331,22 +331,6 @@ struct Typed {
   Stored<T> q, k, v, o;
 };
 
-template <class T>
-bool all_bits_equal(const std::vector<T>& buffer, T value) {
-  return std::all_of(buffer.begin(), buffer.end(),
-                     [&](const T& x) { return std::memcmp(&x, &value, sizeof(T)) == 0; });
-}
-
-/// Elements of `buffer` outside `view` (not empty) that no longer hold `value` (bitwise).
-template <class T, int R>
-std::size_t changed_outside(const StridedView<T, R>& view, const std::vector<T>& buffer, T value) {
-  const auto covered = test::covered_mask(view, buffer.data(), buffer.size());
-  std::size_t changed = 0;
-  for (std::size_t i = 0; i < buffer.size(); ++i)
-    if (!covered[i] && std::memcmp(&buffer[i], &value, sizeof(T)) != 0) ++changed;
-  return changed;
-}
-
 // ---- Bad arguments, the call, the checks ----------------------------------------------
 
 /// One bad argument (or none): the call must then throw invalid_argument, writing nothing.
@@ -485,8 +469,7 @@ void execute(Problem& p, int corruption, const Extension& e, bool verbose) {
   try {
     run(p, t, p.opts);
   } catch (const tileattn::invalid_argument& err) {
-    if (err.parameter().empty() || std::string(err.what()).find(err.parameter()) == std::string::npos)
-      fail(std::string("an error that does not name its parameter: ") + err.what());
+    fuzz::require_named("forward_fuzz", err);
     if (!all_bits_equal(t.o.data, o_sentinel) || !test::all_equal(p.lse, sentinel))
       fail(std::string("wrote outputs before throwing: ") + err.what() + "\n  " + describe(p, t, e));
     return;
