@@ -376,7 +376,9 @@ void merge_states(std::span<const TensorView<const T>> os, std::span<const Strid
 /// e^(LSE_c - LSE) O_c, in the order given. states are O_c [batch, seqlen, heads,
 /// head_dim_v] as forward() writes them, lse_states their LSE [batch, heads, seqlen]; a
 /// state with LSE -inf saw no key and adds nothing (all -inf: O = 0, LSE = -inf); a NaN
-/// LSE makes the row NaN. o may be one of the states itself (in place); lse is optional.
+/// LSE makes the row NaN (so does +inf, and, since the merge works in log2 units, any LSE
+/// above max_natural_log_magnitude, about 2.36e38; one below its negative counts as -inf).
+/// o may be one of the states itself (in place); lse is optional.
 /// Accumulates in float; O is rounded once to its type.
 template <class T>
 void merge_states(std::type_identity_t<std::span<const TensorView<const T>>> states,
