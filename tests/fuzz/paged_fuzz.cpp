@@ -1,0 +1,1011 @@
+// tests/fuzz/paged_fuzz.cpp: libFuzzer harness for the paged-KV attention entry points of
+// tileattn/paged.hpp: forward_paged (with and without the LSE), forward_paged_varlen,
+// plan_paged / plan_paged_varlen and the forward_paged(plan, ...) overloads.
+//
+// The fuzzer's bytes choose the batch (1 to 4 sequences), each sequence's cache_seqlens
+// (0 to 60, empty sequences included) and query count (fixed: 1 to 12, decode to chunked
+// prefill; varlen: 0 to 12 per sequence, packed through cu_seqlens_q, spare rows after the
+// last), heads (GQA groups), head_dim and head_dim_v apart, the page size (1, 3, 5, 16, 17
+// or any of 1 to 20), a pool of shuffled pages with 0 to 3 spare ones and the unused rows of
+// a sequence's last page all NaN, full pages of sequence 0 shared by the others (a prefix
+// cache), a block table in one of four layouts whose unused entries hold ids outside the
+// pool (the docs say they are never read), every layout of Q, O and the pools (four
+// dimension orders, padding, innermost stride 2, misaligned starts; gaps hold NaN in inputs
+// and the sentinel in O), a strided or contiguous LSE or none, every option (causal and both
+// alignments, windows, softcap, scale, ALiBi, sinks, bias, mask, num_splits with SRAM
+// budgets small enough that 60-key sequences really split, backend and thread count), NaN
+// and Inf at chosen Q/K/V elements, and the storage types: K/V pools in float, bf16, fp16
+// (Q alike) or 8-bit (int8, fp8 e4m3, fp8 e5m2 with float Q; int8 with bf16 Q too:
+// execute_q says why) with PagedOptions::k_scale / v_scale per tensor, per K/V head, per
+// page or per (page, head), padded or not, whose values may be negative, zero or NaN
+// (allowed: params.hpp says a non-finite scale makes the values it scales non-finite).
+// Then one corruption from the list in corrupt() (or none): a page id outside the pool in a
+// used entry, cache_seqlens beyond the table, negative or of the wrong count, mismatched
+// heads and head dims, scale views of the wrong extent or on 16/32-bit pools, a plan made
+// for another call, null data, bad options, bad cu_seqlens_q, aliasing outputs, negative or
+// overflowing strides, ...
+//
+// Every corruption makes the call invalid, so it must throw tileattn::invalid_argument
+// naming its parameter, with O and the LSE bitwise their sentinel and both pools
+// unchanged; a call without one must succeed (a random SRAM budget may be too small for any
+// tile: budget_error is accepted there). In planned mode the plan is made from the valid
+// call, then plan_paged(_varlen) and forward_paged(plan, ...) both run on the corrupted one.
+// A successful call must match the double-precision reference (tests/reference) over each
+// sequence's K/V gathered from its pages through the block table (8-bit: dequantized with
+// the scales, as quantized_kv_test.cpp does), NaN rows and rows without keys included; write
+// nothing outside O's and the LSE's views, nor O rows or LSE entries past cu_seqlens_q's
+// end; and, when the flags byte asks, give the same bits on another backend and thread
+// count, with the plan made separately where the first call made it inline or the reverse
+// (Execution promises bitwise-identical results).
+// Anything else aborts (a crash, a sanitizer report, another exception, a wrong result).
+//
+// Bounds: values are N(0, 1) (8-bit: quantized at scales that keep them so), softmax scales
+// up to 1, d up to 72, as in forward_fuzz. Float Q: the forward's 1e-4 absolute on O and the
+// LSE (the suite's 2e-5 bound with forward_fuzz's margin for its wider options); 8-bit K/V
+// with float Q are converted exactly and multiplied in fp32 with the scales applied to score
+// and probability columns (precision.md), so the same bound holds over the dequantized
+// values. bf16 Q (bf16 pair tiles on the packed path) rounds P V's probabilities (times the V
+// scale) to bf16 and O once: 1e-4 + 2^-7 max|V|. fp16 Q only rounds O: 1e-4 + 2^-10 max|V|.
+// max|V| is over the finite dequantized V values the sequences use. The LSE is float in
+// every type: 1e-4.
+//
+//   cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_FUZZERS=ON
+//   cmake --build build-fuzz --target paged_fuzz
+//   build-fuzz/tests/fuzz/paged_fuzz tests/fuzz/corpus/paged -max_len=512 -max_total_time=3600
+// PAGED_FUZZ_VERBOSE=1 prints what each input decodes to and how the call ended:
+// build-fuzz/tests/fuzz/paged_fuzz FILE...  (docs/reliability.md has the rest.)
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fuzz/fuzz_support.hpp"
+#include "support/test_support.hpp"
+#include "tileattn/paged.hpp"
+
+namespace {
+
+using namespace tileattn;
+using tileattn::test::Deviation;
+using tileattn::test::sentinel;
+
+using fuzz::all_bits_equal;
+using fuzz::inf;
+using fuzz::nan;
+using fuzz::same_bits;
+
+[[noreturn]] void fail(const std::string& what) { fuzz::fail("paged_fuzz", what); }
+
+// ---- Storage types ----------------------------------------------------------------------
+
+enum class KvType { fp32, bf16, fp16, int8, e4m3, e5m2 };
+enum class QType { fp32, bf16, fp16 };
+constexpr const char* kv_names[] = {"float", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2"};
+constexpr const char* q_names[] = {"float", "bf16", "fp16"};
+
+/// A float stored as K/V type KV: 8-bit types quantized at the write scale w (> 0).
+template <class KV>
+KV store_kv(float x, float w) {
+  if constexpr (quantized_type<KV>) return quantize<KV>(x, w);
+  else return from_float<KV>(x);
+}
+
+/// A stored K/V value as the kernel means it: 8-bit ones times their scale.
+template <class KV>
+float load_kv(KV x, float scale) {
+  if constexpr (quantized_type<KV>) return to_float(x) * scale;
+  else return to_float(x);
+}
+
+/// The scale that makes an 8-bit type hold N(0, 1) values well (quantized_kv_test's).
+float natural_scale(KvType t) { return t == KvType::int8 ? 4.0f / int8_max : 1.0f; }
+
+// ---- Layouts ----------------------------------------------------------------------------
+
+/// Where a 4-D tensor goes in its buffer (one input byte, forward_fuzz's relayout_of).
+struct Relayout {
+  int shift = 0;             // elements between the allocation's start and the view's
+  bool fresh = false;        // a layout of its own (else contiguous, outermost first)
+  int order = 0;             // fresh: dimension order, outermost first (orders below)
+  index_t inner_stride = 1;  // fresh: stride of the innermost dimension
+  index_t pad = 0;           // fresh: gap after each dimension's span
+};
+
+/// Dimension orders, outermost first, of a 4-D tensor's dimensions 0 to 3: as given,
+/// 0 2 1 3 (bhsd; pools: heads outside the page's rows), 0 2 3 1 (dimension 1 innermost)
+/// and 1 0 3 2.
+constexpr std::array<std::array<int, 4>, 4> orders{{{0, 1, 2, 3}, {0, 2, 1, 3}, {0, 2, 3, 1}, {1, 0, 3, 2}}};
+constexpr const char* order_names[] = {"0123", "0213", "0231", "1032"};
+
+Relayout relayout_of(std::uint8_t b) {
+  Relayout r;
+  r.shift = b & 3;
+  r.fresh = (b >> 2) & 1;
+  r.order = (b >> 3) & 3;
+  r.inner_stride = 1 + ((b >> 5) & 1);
+  r.pad = (b >> 6) & 3;
+  return r;
+}
+
+/// A tensor in type T: its buffer and its view.
+template <class T>
+struct Stored {
+  std::vector<T> data;
+  TensorView<T> view;
+};
+
+/// A [shape] tensor laid out as `r` says, element (a, b, c, d) = value(a, b, c, d); every
+/// buffer element outside the view holds `gap`.
+template <class T, class F>
+Stored<T> lay_out(const std::array<index_t, 4>& shape, const Relayout& r, T gap, F&& value) {
+  Stored<T> s;
+  std::array<index_t, 4> stride{};
+  const std::array<int, 4>& order = r.fresh ? orders[static_cast<std::size_t>(r.order)] : orders[0];
+  index_t span = r.fresh ? r.inner_stride : 1, last = 0;
+  for (int i = 3; i >= 0; --i) {
+    const int d = order[static_cast<std::size_t>(i)];
+    stride[d] = span;
+    span = span * shape[d] + (r.fresh ? r.pad : 0);
+    last += std::max<index_t>(shape[d] - 1, 0) * stride[d];
+  }
+  const auto shift = static_cast<std::size_t>(r.shift);
+  s.data.assign(static_cast<std::size_t>(last + 1) + shift, gap);
+  s.view = {s.data.data() + shift, shape, stride};
+  test::for_each_index(shape, [&](index_t a, index_t b, index_t c, index_t d) { s.view(a, b, c, d) = value(a, b, c, d); });
+  return s;
+}
+
+std::string describe_layout(const char* name, const Relayout& r, const index_t* stride) {
+  std::string out = std::string(" ") + name + (r.fresh ? std::string(" ") + order_names[r.order] : std::string(" gen")) +
+                    " +" + std::to_string(r.shift) + " strides";
+  for (int d = 0; d < 4; ++d) out += " " + std::to_string(stride[d]);
+  return out;
+}
+
+// ---- The problem, type-independent ------------------------------------------------------
+
+/// Scale granularity of an 8-bit pool (KvScaleView [num_pages or 1, heads_kv or 1]).
+enum class Granularity { none, tensor, head, page, page_head };
+constexpr const char* granularity_names[] = {"none", "tensor", "head", "page", "page_head"};
+
+/// The scales of one 8-bit pool: what the kernel is given and what the values were written at.
+struct Scales {
+  Granularity kind = Granularity::none;
+  std::vector<float> data;  // the view's buffer
+  KvScaleView view{};
+  std::vector<float> write;  // [num_pages, heads_kv]: the scale each value was quantized at
+
+  /// The scale the kernel applies to (page, head): 1 without a view.
+  float at(index_t page, index_t h) const {
+    if (!view.data) return 1.0f;
+    return view(view.shape[0] == 1 ? 0 : page, view.shape[1] == 1 ? 0 : h);
+  }
+};
+
+struct Problem {
+  KvType kv = KvType::fp32;
+  QType qt = QType::fp32;
+  bool varlen = false, lse_on = false, planned = false;
+  index_t batch = 1, hq = 1, hkv = 1, d = 1, dv = 1, page = 1;
+  index_t nq = 1;                          // fixed: queries per sequence; varlen: packed rows
+  std::vector<std::int32_t> seqlens, cu;   // cache_seqlens; cu_seqlens_q (varlen)
+  index_t longest_q = 0, longest_k = 0;
+  index_t num_pages = 0, max_pages = 0;
+  bool share = false;                      // sequences b > 0 share sequence 0's full pages
+  std::vector<std::int32_t> table;         // the block table's buffer (unused entries poisoned)
+  BlockTableView table_view{};
+  int table_layout = 0;
+  std::int32_t table_poison = 0;
+  std::vector<float> qf;                   // Q, contiguous [view batch, nq, hq, d]
+  std::vector<float> kf, vf;               // pools in float, contiguous [pages, page, hkv, d(v)]
+  Scales ks, vs;                           // 8-bit pools only
+  std::array<Relayout, 4> layout{};        // Q, K pool, V pool, O
+  int lse_layout = 0;                      // 0 contiguous, 1 every other element
+  PagedOptions opts;
+  std::vector<float> slopes, sinks, bias;
+  std::unique_ptr<bool[]> mask;
+  int budget_kind = 0;                     // 3: a random budget (may fit no tile)
+  bool rerun = false, rerun_toggles_plan = false;
+  Execution again{};
+  int corruption = -1;                     // chosen; applied_corruption says what it became
+  std::string applied = "none";
+};
+
+index_t view_batch(const Problem& p) { return p.varlen ? 1 : p.batch; }
+
+/// Up to three NaN or Inf values at chosen elements of `data` (when the input asks).
+void poison(FuzzedDataProvider& in, std::vector<float>& data, const std::vector<std::size_t>& allowed) {
+  const int count = in.ConsumeIntegralInRange(0, 3) * (in.ConsumeIntegralInRange(0, 7) == 0);
+  const float values[] = {nan, inf, -inf};
+  for (int i = 0; i < count && !allowed.empty(); ++i)
+    data[allowed[in.ConsumeIntegralInRange<std::size_t>(0, allowed.size() - 1)]] = values[in.ConsumeIntegralInRange(0, 2)];
+}
+
+index_t window_side(FuzzedDataProvider& in) {
+  switch (in.ConsumeIntegralInRange(0, 4)) {
+    case 0: return -1;
+    case 1: return std::numeric_limits<index_t>::max() - in.ConsumeIntegralInRange(0, 2);
+    default: return in.ConsumeIntegralInRange<index_t>(0, 48);
+  }
+}
+
+/// Sequences: cache_seqlens and query lengths (cu_seqlens_q for varlen).
+void build_sequences(FuzzedDataProvider& in, Problem& p) {
+  p.batch = in.ConsumeIntegralInRange(1, 4);
+  const index_t max_q = in.ConsumeBool() ? 1 : 12;  // decoding often, verify and prefill chunks too
+  p.cu = {0};
+  for (index_t b = 0; b < p.batch; ++b) {
+    const int len = in.ConsumeIntegralInRange(0, 5) == 0 ? 0 : in.ConsumeIntegralInRange(1, 60);
+    p.seqlens.push_back(len);
+    p.longest_k = std::max<index_t>(p.longest_k, len);
+    if (p.varlen) {
+      const int lq = in.ConsumeIntegralInRange<int>(0, static_cast<int>(max_q));
+      p.cu.push_back(p.cu.back() + lq);
+      p.longest_q = std::max<index_t>(p.longest_q, lq);
+    }
+  }
+  if (p.varlen) {
+    p.nq = p.cu.back() + in.ConsumeIntegralInRange(0, 2);  // spare rows past the last sequence
+  } else {
+    p.nq = in.ConsumeIntegralInRange<index_t>(1, max_q);
+    p.longest_q = p.nq;
+  }
+}
+
+/// The pool, the shuffled block table (shared prefix pages, poisoned unused entries) and
+/// the float K/V values: used rows N(0, 1), everything else NaN.
+void build_pages(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
+  const index_t sizes[] = {1, 3, 5, 16, 17};
+  p.page = in.ConsumeBool() ? sizes[in.ConsumeIntegralInRange(0, 4)] : in.ConsumeIntegralInRange(1, 20);
+  p.share = in.ConsumeIntegralInRange(0, 3) == 0;
+  const index_t P = p.page, B = p.batch;
+  const index_t shared = p.share ? p.seqlens[0] / P : 0;  // sequence 0's full pages
+  index_t distinct = 0;
+  for (index_t b = 0; b < B; ++b) {
+    const index_t pages = (p.seqlens[static_cast<std::size_t>(b)] + P - 1) / P;
+    p.max_pages = std::max(p.max_pages, pages);
+    distinct += b == 0 ? pages : pages - std::min(pages, shared);
+  }
+  p.max_pages += in.ConsumeIntegralInRange(0, 2);  // padding columns
+  p.num_pages = distinct + in.ConsumeIntegralInRange(0, 3);  // spare pages
+  const std::int32_t poisons[] = {-1, INT_MIN, static_cast<std::int32_t>(p.num_pages), INT_MAX, 1 << 30};
+  p.table_poison = poisons[in.ConsumeIntegralInRange(0, 4)];
+  p.table_layout = in.ConsumeIntegralInRange(0, 3);
+  const index_t M = p.max_pages;
+  switch (p.table_layout) {
+    case 0: p.table.assign(static_cast<std::size_t>(std::max<index_t>(B * M, 1)), p.table_poison);
+            p.table_view = make_block_table(p.table.data(), B, M); break;
+    case 1: p.table.assign(static_cast<std::size_t>(B * (M + 3)), p.table_poison);  // padded rows
+            p.table_view = {p.table.data(), {B, M}, {M + 3, 1}}; break;
+    case 2: p.table.assign(static_cast<std::size_t>(std::max<index_t>(B * M, 1)), p.table_poison);  // column-major
+            p.table_view = {p.table.data(), {B, M}, {1, B}}; break;
+    default: p.table.assign(static_cast<std::size_t>(std::max<index_t>(2 * B * M, 1)), p.table_poison);  // every other
+             p.table_view = {p.table.data(), {B, M}, {2 * M, 2}}; break;
+  }
+  std::vector<std::int32_t> order(static_cast<std::size_t>(p.num_pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::size_t next = 0;
+  const auto entry = [&](index_t b, index_t j) -> std::int32_t& {
+    return p.table[static_cast<std::size_t>(b * p.table_view.stride[0] + j * p.table_view.stride[1])];
+  };
+  for (index_t b = 0; b < B; ++b)
+    for (index_t j = 0; j * P < p.seqlens[static_cast<std::size_t>(b)]; ++j)
+      entry(b, j) = b > 0 && j < shared ? entry(0, j) : order[next++];
+  std::normal_distribution<float> normal;
+  p.kf.assign(static_cast<std::size_t>(p.num_pages * P * p.hkv * p.d), nan);
+  p.vf.assign(static_cast<std::size_t>(p.num_pages * P * p.hkv * p.dv), nan);
+  std::vector<std::size_t> used_k, used_v;  // elements the sequences read
+  for (index_t b = 0; b < B; ++b)
+    for (index_t r = 0; r < p.seqlens[static_cast<std::size_t>(b)]; ++r) {
+      const index_t row = entry(b, r / P) * P + r % P;
+      for (index_t i = 0; i < p.hkv * p.d; ++i) {
+        const auto at = static_cast<std::size_t>(row * p.hkv * p.d + i);
+        p.kf[at] = normal(rng);
+        used_k.push_back(at);
+      }
+      for (index_t i = 0; i < p.hkv * p.dv; ++i) {
+        const auto at = static_cast<std::size_t>(row * p.hkv * p.dv + i);
+        p.vf[at] = normal(rng);
+        used_v.push_back(at);
+      }
+    }
+  poison(in, p.kf, used_k);
+  poison(in, p.vf, used_v);
+}
+
+/// An 8-bit pool's scales: a granularity, a padded or packed view, values near the natural
+/// scale and now and then negative, zero, NaN or a power of two; unused pages' entries NaN.
+void build_scales(FuzzedDataProvider& in, Problem& p, Scales& s, std::mt19937& rng) {
+  const float natural = natural_scale(p.kv);
+  s.kind = static_cast<Granularity>(in.ConsumeIntegralInRange(0, 4));
+  s.write.assign(static_cast<std::size_t>(p.num_pages * p.hkv), s.kind == Granularity::none ? 1.0f : natural);
+  if (s.kind == Granularity::none) return;
+  const bool per_page = s.kind == Granularity::page || s.kind == Granularity::page_head;
+  const bool per_head = s.kind == Granularity::head || s.kind == Granularity::page_head;
+  const index_t rows = per_page ? p.num_pages : 1, cols = per_head ? p.hkv : 1;
+  const index_t pad = in.ConsumeIntegralInRange(0, 2), row_stride = cols + pad;
+  s.data.assign(static_cast<std::size_t>(std::max<index_t>(rows * row_stride, 1)), nan);
+  // Broadcast extents may carry any stride (the library reads index 0 only).
+  s.view = {s.data.data(), {rows, cols}, {rows == 1 ? 5 : row_stride, cols == 1 ? 3 : 1}};
+  std::vector<bool> used(static_cast<std::size_t>(std::max<index_t>(p.num_pages, 1)), false);
+  for (index_t b = 0; b < p.batch; ++b)
+    for (index_t j = 0; j * p.page < p.seqlens[static_cast<std::size_t>(b)]; ++j)
+      used[static_cast<std::size_t>(p.table[static_cast<std::size_t>(b * p.table_view.stride[0] + j * p.table_view.stride[1])])] = true;
+  std::uniform_real_distribution<float> jitter(0.5f, 2.0f);
+  const int odd = in.ConsumeIntegralInRange(0, 3) == 0 ? in.ConsumeIntegralInRange(1, 4) : 0;  // which odd values
+  for (index_t r = 0; r < rows; ++r) {
+    if (per_page && !used[static_cast<std::size_t>(r)]) continue;  // stays NaN: never read
+    for (index_t c = 0; c < cols; ++c) {
+      float x = natural * jitter(rng);
+      if (odd && rng() % 4 == 0) {
+        switch (odd) {
+          case 1: x = -x; break;
+          case 2: x = 0.0f; break;
+          case 3: x = nan; break;
+          default: x = std::exp2(std::round(std::log2(x))); break;
+        }
+      }
+      s.data[static_cast<std::size_t>(r * row_stride + c)] = x;
+    }
+  }
+  // The write scale: the kernel's where it is a usable one, else the natural scale.
+  for (index_t page = 0; page < p.num_pages; ++page)
+    for (index_t h = 0; h < p.hkv; ++h) {
+      const float x = s.at(page, h);
+      s.write[static_cast<std::size_t>(page * p.hkv + h)] = std::isfinite(x) && x != 0.0f ? std::abs(x) : natural;
+    }
+}
+
+void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
+  PagedOptions& o = p.opts;
+  o.causal = in.ConsumeBool();
+  o.alignment = in.ConsumeBool() ? MaskAlignment::bottom_right : MaskAlignment::top_left;
+  o.window_left = window_side(in);
+  o.window_right = window_side(in);
+  const float caps[] = {0.0f, 0.0f, 5.0f, 30.0f, 1e30f, 1e-40f};
+  o.softcap = caps[in.ConsumeIntegralInRange(0, 5)];
+  if (in.ConsumeBool()) o.softmax_scale = in.ConsumeFloatingPointInRange(0.01f, 1.0f);
+  if (in.ConsumeIntegralInRange(0, 3) == 0) {
+    p.slopes.resize(static_cast<std::size_t>(in.ConsumeBool() ? p.hq : p.batch * p.hq));
+    for (float& s : p.slopes) s = in.ConsumeFloatingPointInRange(0.0f, 2.0f);
+    o.alibi_slopes = p.slopes;
+  }
+  if (in.ConsumeIntegralInRange(0, 3) == 0) {
+    p.sinks.resize(static_cast<std::size_t>(p.hq));
+    for (float& s : p.sinks) s = in.ConsumeBool() ? -inf : in.ConsumeFloatingPointInRange(-5.0f, 5.0f);
+    o.sinks = p.sinks;
+  }
+  // Bias and mask: [B or 1, H or 1, longest query count, longest cache_seqlens].
+  const index_t sq = p.longest_q, sk = p.longest_k;
+  const index_t bb = in.ConsumeBool() ? 1 : p.batch, bh = in.ConsumeBool() ? 1 : p.hq;
+  const auto n = static_cast<std::size_t>(std::max<index_t>(bb * bh * sq * sk, 1));
+  if (in.ConsumeIntegralInRange(0, 5) == 0) {
+    p.bias.resize(n);
+    std::normal_distribution<float> normal;
+    for (float& x : p.bias) x = in.ConsumeIntegralInRange(0, 50) == 0 ? nan : normal(rng);
+    o.bias = {p.bias.data(), {bb, bh, sq, sk}, {bh * sq * sk, sq * sk, sk, 1}};
+  }
+  if (in.ConsumeIntegralInRange(0, 5) == 0) {
+    p.mask.reset(new bool[n]);
+    for (std::size_t i = 0; i < n; ++i) p.mask[i] = (rng() % 4) != 0;
+    o.mask = {p.mask.get(), {bb, bh, sq, sk}, {bh * sq * sk, sq * sk, sk, 1}};
+  }
+  o.num_splits = in.ConsumeIntegralInRange(0, 3) == 0 ? 0 : in.ConsumeIntegralInRange(1, 6);
+  // Small budgets give small key tiles, so that num_splits cuts 60-key sequences.
+  p.budget_kind = in.ConsumeIntegralInRange(0, 3);
+  switch (p.budget_kind) {
+    case 0: o.sram_budget_bytes = 0; break;
+    case 1: o.sram_budget_bytes = forward_working_set_bytes(3, 5, p.d, p.dv); break;
+    case 2: o.sram_budget_bytes = forward_working_set_bytes(16, 8, p.d, p.dv); break;
+    default: o.sram_budget_bytes = in.ConsumeIntegralInRange<std::size_t>(0, 1u << 20); break;
+  }
+  const Backend backends[] = {Backend::automatic, Backend::serial, Backend::openmp, Backend::tbb};
+  Backend backend = backends[in.ConsumeIntegralInRange(0, 3)];
+  if (!backend_available(backend)) backend = Backend::serial;
+  o.execution = {backend, in.ConsumeIntegralInRange(0, 3)};
+}
+
+/// Everything but the typed views: shapes, pages, values, options, layouts, the rerun.
+void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
+  p.kv = static_cast<KvType>(in.ConsumeIntegralInRange(0, 5));
+  const int q_choice = in.ConsumeIntegralInRange(0, 2);
+  p.qt = p.kv <= KvType::fp16 ? static_cast<QType>(p.kv) : static_cast<QType>(q_choice);
+  if (p.kv >= KvType::int8 && !(p.qt == QType::fp32 || (p.qt == QType::bf16 && p.kv == KvType::int8)))
+    p.qt = QType::fp32;  // the pairs compiled in (execute_q)
+  p.varlen = in.ConsumeBool();
+  p.lse_on = in.ConsumeBool();
+  p.planned = in.ConsumeIntegralInRange(0, 2) == 0;
+  p.hkv = in.ConsumeIntegralInRange(1, 3);
+  p.hq = p.hkv * in.ConsumeIntegralInRange<index_t>(1, 6 / p.hkv);
+  p.d = in.ConsumeIntegralInRange(1, 72);
+  p.dv = in.ConsumeBool() ? p.d : in.ConsumeIntegralInRange(1, 40);
+  build_sequences(in, p);
+  build_pages(in, p, rng);
+  if (p.kv >= KvType::int8) {
+    build_scales(in, p, p.ks, rng);
+    build_scales(in, p, p.vs, rng);
+    p.opts.k_scale = p.ks.view;
+    p.opts.v_scale = p.vs.view;
+  }
+  std::normal_distribution<float> normal;
+  p.qf.resize(static_cast<std::size_t>(view_batch(p) * p.nq * p.hq * p.d));
+  for (float& x : p.qf) x = normal(rng);
+  std::vector<std::size_t> all_q(p.qf.size());
+  std::iota(all_q.begin(), all_q.end(), std::size_t{0});
+  poison(in, p.qf, all_q);
+  build_options(in, p, rng);
+  // LIMITATION (docs/paged.md, split-KV): partial states merge through a float LSE, which at
+  // scores beyond ~1e6 cannot hold log(sum): an Inf in Q or K under a softcap of 1e30 gives
+  // scores of 1e30, and a split row would average its chunks' maxima with equal weights.
+  const auto has_inf = [](const std::vector<float>& v) { return std::any_of(v.begin(), v.end(), [](float x) { return std::isinf(x); }); };
+  if (p.opts.softcap > 1e6f && (has_inf(p.qf) || has_inf(p.kf))) p.opts.num_splits = 1;
+  for (Relayout& r : p.layout) r = relayout_of(in.ConsumeIntegral<std::uint8_t>());
+  p.lse_layout = in.ConsumeIntegralInRange(0, 1);
+  const auto flags = in.ConsumeIntegral<std::uint8_t>();
+  p.rerun = flags & 1;
+  p.rerun_toggles_plan = (flags >> 5) & 1;
+  const Backend backends[] = {Backend::automatic, Backend::serial, Backend::openmp, Backend::tbb};
+  Backend backend = backends[(flags >> 1) & 3];
+  if (!backend_available(backend)) backend = Backend::serial;
+  p.again = {backend, (flags >> 3) & 3};
+}
+
+// ---- The typed call ---------------------------------------------------------------------
+
+/// One call's arguments in Q/O type T and K/V type KV (what a corruption changes).
+template <class T, class KV>
+struct Call {
+  Stored<T> q, o;
+  Stored<KV> k, v;
+  TensorView<const T> qv;
+  TensorView<const KV> kv, vv;
+  BlockTableView table;
+  std::vector<std::int32_t> seqlens, cu;
+  TensorView<T> ov;
+  std::vector<float> lse;  // the LSE buffer (sentinel)
+  LseView lse3{};          // fixed: [B, Hq, nq]
+  PackedLseView lse2{};    // varlen: [Hq, total]
+  PagedOptions opts;
+  std::vector<float> bad_scales;  // a scale buffer for the scale corruptions
+  std::vector<float> bad_values;  // ALiBi slopes or sinks for their corruptions
+};
+
+template <class T, class KV>
+Call<T, KV> make_call(const Problem& p) {
+  Call<T, KV> c;
+  const index_t vb = view_batch(p);
+  c.q = lay_out<T>({vb, p.nq, p.hq, p.d}, p.layout[0], from_float<T>(nan), [&](index_t b, index_t n, index_t h, index_t x) {
+    return from_float<T>(p.qf[static_cast<std::size_t>(((b * p.nq + n) * p.hq + h) * p.d + x)]);
+  });
+  c.o = lay_out<T>({vb, p.nq, p.hq, p.dv}, p.layout[3], from_float<T>(sentinel),
+                   [&](index_t, index_t, index_t, index_t) { return from_float<T>(sentinel); });
+  const auto pool = [&](const std::vector<float>& f, const Scales& s, index_t dim, const Relayout& r) {
+    return lay_out<KV>({p.num_pages, p.page, p.hkv, dim}, r, store_kv<KV>(nan, 1.0f),
+                       [&](index_t page, index_t row, index_t h, index_t x) {
+                         const float w = quantized_type<KV> ? s.write[static_cast<std::size_t>(page * p.hkv + h)] : 1.0f;
+                         return store_kv<KV>(f[static_cast<std::size_t>(((page * p.page + row) * p.hkv + h) * dim + x)], w);
+                       });
+  };
+  c.k = pool(p.kf, p.ks, p.d, p.layout[1]);
+  c.v = pool(p.vf, p.vs, p.dv, p.layout[2]);
+  c.qv = c.q.view;
+  c.kv = c.k.view;
+  c.vv = c.v.view;
+  c.ov = c.o.view;
+  c.table = p.table_view;
+  c.seqlens = p.seqlens;
+  c.cu = p.cu;
+  const index_t step = p.lse_layout + 1;  // 2: every other element, the rest must stay the sentinel
+  c.lse.assign(static_cast<std::size_t>(std::max<index_t>(vb * p.hq * p.nq * step, 1)), sentinel);
+  if (p.lse_on && !p.varlen) c.lse3 = {c.lse.data(), {p.batch, p.hq, p.nq}, {p.hq * p.nq * step, p.nq * step, step}};
+  if (p.lse_on && p.varlen) c.lse2 = {c.lse.data(), {p.hq, p.nq}, {p.nq * step, step}};
+  c.opts = p.opts;
+  return c;
+}
+
+template <class T>
+PackedView<T> pack(const TensorView<T>& v) {
+  return {v.data, {v.shape[1], v.shape[2], v.shape[3]}, {v.stride[1], v.stride[2], v.stride[3]}};
+}
+
+/// The entry point the problem names: fixed or varlen, with or without a plan (and the
+/// 7-argument forward_paged when there is neither an LSE nor a plan).
+template <class T, class KV>
+void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
+  if (p.varlen) {
+    if (plan)
+      forward_paged_varlen(*plan, pack(c.qv), c.cu, c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, opts);
+    else
+      forward_paged_varlen(pack(c.qv), c.cu, c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, opts);
+  } else if (plan) {
+    forward_paged(*plan, c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
+  } else if (!p.lse_on) {
+    forward_paged(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, opts);
+  } else {
+    forward_paged(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
+  }
+}
+
+template <class T, class KV>
+PagedPlan make_plan(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts) {
+  if (p.varlen) return plan_paged_varlen(pack(c.qv), c.cu, c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, opts);
+  return plan_paged(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
+}
+
+// ---- Bad arguments ----------------------------------------------------------------------
+
+constexpr int corruption_count = 29;
+constexpr int plan_mismatch = 9;
+
+/// One input byte: a corruption (about half the inputs) or none (-1).
+int choose_corruption(FuzzedDataProvider& in) {
+  const int x = in.ConsumeIntegralInRange(0, 2 * corruption_count - 1);
+  return x < corruption_count ? x : -1;
+}
+
+/// Makes the call invalid as `choice` says; returns what it did ("none" where the choice
+/// does not apply to this call, e.g. a page id corruption when no sequence has keys).
+/// Every change here must be rejected.
+template <class T, class KV>
+std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T, KV>& c) {
+  constexpr auto past_ptrdiff_max = static_cast<index_t>((std::uint64_t{1} << 63) / sizeof(KV));
+  const auto some = [&](index_t n) { return in.ConsumeIntegralInRange<index_t>(0, std::max<index_t>(n - 1, 0)); };
+  const index_t b = some(p.batch);
+  const bool o_nonempty = !c.ov.empty(), pool_nonempty = p.num_pages > 0;
+  switch (choice) {
+    case 0: {  // a used table entry outside the pool
+      for (index_t i = 0; i < p.batch; ++i) {
+        const index_t s = (b + i) % p.batch, len = c.seqlens[static_cast<std::size_t>(s)];
+        if (len == 0) continue;
+        const index_t j = some((len + p.page - 1) / p.page);
+        const std::int32_t bad[] = {-1, INT_MIN, static_cast<std::int32_t>(p.num_pages), INT_MAX};
+        const_cast<std::int32_t&>(c.table(s, j)) = bad[in.ConsumeIntegralInRange(0, 3)];
+        return "table entry [" + std::to_string(s) + ", " + std::to_string(j) + "] out of the pool";
+      }
+      return "none";
+    }
+    case 1:
+      c.seqlens[static_cast<std::size_t>(b)] = in.ConsumeBool() ? INT_MAX : static_cast<std::int32_t>(p.max_pages * p.page + 1);
+      return "cache_seqlens beyond the table";
+    case 2: c.seqlens[static_cast<std::size_t>(b)] = in.ConsumeBool() ? -1 : INT_MIN; return "cache_seqlens negative";
+    case 3:
+      if (in.ConsumeBool()) c.seqlens.pop_back(); else c.seqlens.push_back(0);
+      return "cache_seqlens count";
+    case 4:
+      if (p.hkv > 1) {
+        c.qv.shape[2] = c.ov.shape[2] = p.hq + 1;
+        c.lse3.shape[1] = c.lse2.shape[0] = p.hq + 1;
+        return "heads_q not a multiple of heads_kv";
+      }
+      c.vv.shape[2] += 1;
+      return "pools' heads_kv differ";
+    case 5: c.kv.shape[3] += 1; c.vv.shape[3] += in.ConsumeBool(); return "head_dim of k_cache";
+    case 6: c.ov.shape[3] += 1; return "head_dim_v of o";
+    case 7: {  // a scale view of the wrong extent (8-bit), or any scale on 16/32-bit pools
+      c.bad_scales.assign(static_cast<std::size_t>((p.num_pages + 2) * (p.hkv + 1)), 1.0f);
+      if (!quantized_type<KV>) {
+        (in.ConsumeBool() ? c.opts.k_scale : c.opts.v_scale) = per_tensor_scale(c.bad_scales.data());
+        return "scales on a " + std::string(kv_type_name<KV>()) + " pool";
+      }
+      if (in.ConsumeBool()) c.opts.k_scale = {c.bad_scales.data(), {p.num_pages + 2, p.hkv}, {p.hkv, 1}};
+      else c.opts.v_scale = {c.bad_scales.data(), {1, p.hkv + 1}, {0, 1}};
+      return "scale extent";
+    }
+    case 8: {  // a scale view that is itself bad: negative stride, overflowing
+      if (!quantized_type<KV> || p.num_pages < 2) return "none";
+      c.bad_scales.assign(static_cast<std::size_t>(p.num_pages * p.hkv), 1.0f);
+      KvScaleView s{c.bad_scales.data(), {p.num_pages, p.hkv}, {p.hkv, 1}};
+      if (in.ConsumeBool()) s.stride[0] = -p.hkv; else s.stride[0] = std::numeric_limits<index_t>::max() / 2;
+      (in.ConsumeBool() ? c.opts.k_scale : c.opts.v_scale) = s;
+      return "scale view strides";
+    }
+    case plan_mismatch: return "plan mismatch";  // execute() makes the plan from another call
+    case 10:
+      switch (in.ConsumeIntegralInRange(0, 4)) {
+        case 0: if (c.qv.empty()) return "none"; c.qv.data = nullptr; return "null q";
+        case 1: if (!pool_nonempty) return "none"; c.kv.data = nullptr; return "null k_cache";
+        case 2: if (!pool_nonempty) return "none"; c.vv.data = nullptr; return "null v_cache";
+        case 3: if (!o_nonempty) return "none"; c.ov.data = nullptr; return "null o";
+        default: c.table.data = nullptr; return "null block_table";
+      }
+    case 11: c.opts.num_splits = -in.ConsumeIntegralInRange(1, 3); return "num_splits negative";
+    case 12: (in.ConsumeBool() ? c.opts.window_left : c.opts.window_right) = -2 - in.ConsumeIntegralInRange(0, 5); return "window < -1";
+    case 13: { const float bad[] = {-1.0f, nan, inf, std::numeric_limits<float>::max()}; c.opts.softcap = bad[in.ConsumeIntegralInRange(0, 3)]; return "softcap"; }
+    case 14: { const float bad[] = {0.0f, nan, -1.0f, inf}; c.opts.softmax_scale = bad[in.ConsumeIntegralInRange(0, 3)]; return "softmax_scale"; }
+    case 15: c.opts.execution.num_threads = in.ConsumeBool() ? -1 : max_threads + 1; return "num_threads";
+    case 16: c.opts.sram_budget_bytes = in.ConsumeBool() ? max_sram_budget_bytes + 1 : 16; return "sram_budget_bytes";
+    case 17:  // a wrong count, or a NaN slope
+      if (in.ConsumeBool()) c.bad_values.assign(static_cast<std::size_t>(p.batch * p.hq + 1), 0.1f);
+      else c.bad_values.assign(static_cast<std::size_t>(p.hq), nan);
+      c.opts.alibi_slopes = c.bad_values;
+      return "alibi_slopes";
+    case 18:
+      if (in.ConsumeBool()) c.bad_values.assign(static_cast<std::size_t>(p.hq + 1), 0.5f);
+      else c.bad_values.assign(static_cast<std::size_t>(p.hq), nan);
+      c.opts.sinks = c.bad_values;
+      return "sinks";
+    case 19:
+      if (!p.varlen) {  // fixed: no queries
+        c.qv.shape[1] = c.ov.shape[1] = c.lse3.shape[2] = 0;
+        return "seqlen_q 0";
+      }
+      switch (in.ConsumeIntegralInRange(0, 4)) {
+        case 0: c.cu[0] = 1; return "cu_seqlens_q not from 0";
+        case 1: c.cu.back() = static_cast<std::int32_t>(p.nq + 1); return "cu_seqlens_q past the rows";
+        case 2: c.cu.back() = c.cu[c.cu.size() - 2] - 1; return "cu_seqlens_q decreasing";
+        case 3: c.cu.pop_back(); return "cu_seqlens_q one short";
+        default: c.cu.clear(); return "cu_seqlens_q empty";
+      }
+    case 20:  // aliasing
+      switch (in.ConsumeIntegralInRange(0, 2)) {
+        case 0:
+          if (!o_nonempty || c.qv.empty()) return "none";
+          c.ov.data = const_cast<T*>(c.qv.data);
+          return "o is q";
+        case 1:
+          if (!o_nonempty || !pool_nonempty) return "none";
+          c.ov.data = reinterpret_cast<T*>(const_cast<KV*>(c.vv.data));  // only compared, never written
+          return "o on v_cache";
+        default:
+          if (!o_nonempty || !p.lse_on || c.lse.empty() || p.hq * p.nq == 0 || !std::is_same_v<T, float>) return "none";
+          c.lse3.data = c.lse2.data = reinterpret_cast<float*>(c.ov.data);
+          return "lse on o";
+      }
+    case 21:  // a negative stride
+      switch (in.ConsumeIntegralInRange(0, 3)) {
+        case 0: c.kv.stride[1] = -1; return "k_cache stride";
+        case 1: c.table.stride[1] = -1; return "block_table stride";
+        case 2: c.ov.stride[3] = -1; return "o stride";
+        default:
+          if (!p.lse_on) return "none";
+          c.lse3.stride[2] = c.lse2.stride[1] = -1;
+          return "lse stride";
+      }
+    case 22: c.kv.shape[1] = c.vv.shape[1] = 0; return "page_size 0";
+    case 23: c.vv.shape[0] += 1; return "pools' num_pages differ";
+    case 24: c.table.shape[0] += 1; return "block_table batch";
+    case 25:
+      if (!p.lse_on) return "none";
+      c.lse3.shape[2] += 1;
+      c.lse2.shape[1] += 1;
+      return "lse shape";
+    case 26: c.kv.shape[3] = max_head_dim + 1; return "head_dim above the maximum";
+    case 27:
+      if (in.ConsumeBool() && !p.varlen) {
+        c.qv.shape[1] = c.ov.shape[1] = index_t{1} << 62;
+        return "q element count overflow";
+      }
+      c.kv.shape[0] = std::max<index_t>(c.kv.shape[0], 2);  // reaches past 2^63 bytes either way
+      c.vv.shape[0] = c.kv.shape[0];
+      c.kv.stride[0] = past_ptrdiff_max;
+      return "k_cache address range";
+    default:
+      c.ov.shape[1] += 1;
+      return "o seqlen or total";
+  }
+}
+
+/// The plan of a call that differs from `c` in one thing the plan depends on.
+template <class T, class KV>
+PagedPlan mismatched_plan(FuzzedDataProvider& in, const Problem& p, Call<T, KV> other, std::string& what) {
+  PagedOptions& o = other.opts;
+  switch (in.ConsumeIntegralInRange(0, 5)) {
+    case 0: o.causal = !o.causal; what = "plan for causal flipped"; break;
+    case 1: o.num_splits += 1; what = "plan for another num_splits"; break;
+    case 2: o.window_left = o.window_left == 3 ? -1 : 3; what = "plan for another window"; break;
+    case 3: o.alignment = o.alignment == MaskAlignment::top_left ? MaskAlignment::bottom_right : MaskAlignment::top_left;
+            what = "plan for another alignment"; break;
+    case 4: o.sram_budget_bytes = o.sram_budget_bytes == 0 ? forward_working_set_bytes(16, 32, p.d, p.dv) : 0;
+            what = "plan for another budget"; break;
+    default: {
+      // One sequence a key shorter (still within its pages); with a bias or mask, whose
+      // extent is the longest sequence, one that leaves the longest as it is.
+      auto& lens = other.seqlens;
+      const auto longest = std::max_element(lens.begin(), lens.end());
+      auto shorter = longest;
+      if (o.bias.data || o.mask.data) {
+        shorter = lens.end();
+        for (auto it = lens.begin(); it != lens.end(); ++it)
+          if (*it > 0 && (*it < *longest || std::count(lens.begin(), lens.end(), *longest) > 1)) shorter = it;
+      }
+      if (shorter != lens.end() && *shorter > 0) {
+        *shorter -= 1;
+        what = "plan for other cache_seqlens";
+      } else {
+        o.causal = !o.causal;
+        what = "plan for causal flipped";
+      }
+    }
+  }
+  return make_plan(p, other, o);
+}
+
+// ---- The reference and the checks -------------------------------------------------------
+
+/// Sequence b's K or V gathered from the pool through the block table, dequantized:
+/// [1, len, hkv, dim], contiguous.
+template <class KV>
+std::vector<float> gather(const Problem& p, const TensorView<const KV>& pool, const Scales& s, index_t b) {
+  const index_t len = p.seqlens[static_cast<std::size_t>(b)], dim = pool.shape[3];
+  std::vector<float> out(static_cast<std::size_t>(len * p.hkv * dim));
+  for (index_t r = 0; r < len; ++r) {
+    const index_t page = p.table_view(b, r / p.page);
+    for (index_t h = 0; h < p.hkv; ++h) {
+      const float scale = s.at(page, h);
+      for (index_t x = 0; x < dim; ++x)
+        out[static_cast<std::size_t>((r * p.hkv + h) * dim + x)] = load_kv(pool(page, r % p.page, h, x), scale);
+    }
+  }
+  return out;
+}
+
+/// A float copy of a T tensor's buffer with the same view over it (exact).
+template <class T>
+std::pair<std::vector<float>, TensorView<const float>> mirror(const Stored<T>& s, const TensorView<T>& view) {
+  std::vector<float> m(s.data.size());
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = to_float(s.data[i]);
+  const TensorView<const float> v{m.data() + (view.data - s.data.data()), view.shape, view.stride};
+  return {std::move(m), v};
+}
+
+/// Each sequence against the double reference; max_v receives max |V| (finite, used).
+template <class T, class KV>
+Deviation check_against_reference(const Problem& p, const Call<T, KV>& c, double& max_v) {
+  auto [qm, q] = mirror(c.q, c.q.view);
+  auto [om, o] = mirror(c.o, c.ov);
+  const reference::Options ro = reference::Options::from(c.opts);
+  Deviation all;
+  const auto first_row = [](const TensorView<const float>& t, index_t b, index_t start, index_t len) {
+    return TensorView<const float>{t.data + b * t.stride[0] + start * t.stride[1], {1, len, t.shape[2], t.shape[3]}, t.stride};
+  };
+  for (index_t b = 0; b < p.batch; ++b) {
+    const index_t len = p.seqlens[static_cast<std::size_t>(b)];
+    const std::vector<float> kb = gather(p, c.kv, p.ks, b), vb = gather(p, c.vv, p.vs, b);
+    for (float x : vb)
+      if (std::isfinite(x)) max_v = std::max(max_v, std::abs(static_cast<double>(x)));
+    const index_t start = p.varlen ? p.cu[static_cast<std::size_t>(b)] : 0;
+    const index_t lq = p.varlen ? p.cu[static_cast<std::size_t>(b) + 1] - start : p.nq;
+    const index_t vbatch = p.varlen ? 0 : b;
+    reference::Options rb = ro;
+    rb.batch_index = b;
+    const auto ref = reference::attention<float>(first_row(q, vbatch, start, lq),
+                                                 make_bshd<const float>(kb.data(), 1, len, p.hkv, p.d),
+                                                 make_bshd<const float>(vb.data(), 1, len, p.hkv, p.dv), rb);
+    LseView lse{};
+    if (p.lse_on && p.varlen) lse = {const_cast<float*>(c.lse2.data) + start * c.lse2.stride[1], {1, p.hq, lq}, {0, c.lse2.stride[0], c.lse2.stride[1]}};
+    if (p.lse_on && !p.varlen) lse = {c.lse3.data + b * c.lse3.stride[0], {1, p.hq, lq}, c.lse3.stride};
+    const Deviation d = test::compare_to_reference(ref, first_row(o, vbatch, start, lq), lse);
+    all.o = std::max(all.o, d.o);
+    all.lse = std::max(all.lse, d.lse);
+    if (all.problem.empty() && !d.problem.empty()) all.problem = "sequence " + std::to_string(b) + ": " + d.problem;
+  }
+  return all;
+}
+
+/// Buffer elements outside a view (nothing covered when the view is empty) that changed.
+template <class T, int R>
+std::size_t written_outside(const StridedView<T, R>& view, const std::vector<T>& buffer, T value) {
+  if (view.empty()) return buffer.size() - static_cast<std::size_t>(std::count_if(buffer.begin(), buffer.end(), [&](const T& x) {
+                                  return std::memcmp(&x, &value, sizeof(T)) == 0;
+                                }));
+  return fuzz::changed_outside(view, buffer, value);
+}
+
+/// The O error bound for Q/O type T (file comment).
+template <class T>
+double o_bound(double max_v) {
+  if constexpr (std::is_same_v<T, bf16>) return 1e-4 + 0x1p-7 * max_v;
+  else if constexpr (std::is_same_v<T, fp16>) return 1e-4 + 0x1p-10 * max_v;
+  else return 1e-4;
+}
+constexpr double lse_bound = 1e-4;
+
+std::string describe(const Problem& p, const std::string& corruption, const std::array<const index_t*, 4>& strides) {
+  const PagedOptions& o = p.opts;
+  std::string s = std::string("Q ") + q_names[static_cast<int>(p.qt)] + " KV " + kv_names[static_cast<int>(p.kv)] +
+                  (p.varlen ? " varlen" : " fixed") + (p.planned ? " planned" : "") + (p.lse_on ? " lse" : "") +
+                  (p.lse_layout ? " (strided)" : "") + " B " + std::to_string(p.batch) + " Nq " + std::to_string(p.nq) +
+                  " H " + std::to_string(p.hq) + "/" + std::to_string(p.hkv) + " d " + std::to_string(p.d) + " dv " +
+                  std::to_string(p.dv) + " page " + std::to_string(p.page) + " pages " + std::to_string(p.num_pages) +
+                  " table " + std::to_string(p.max_pages) + " cols layout " + std::to_string(p.table_layout) +
+                  " poison " + std::to_string(p.table_poison) + (p.share ? " shared prefix" : "") + "\n  cache_seqlens";
+  for (auto x : p.seqlens) s += " " + std::to_string(x);
+  if (p.varlen) {
+    s += " cu_q";
+    for (auto x : p.cu) s += " " + std::to_string(x);
+  }
+  s += "\n  causal " + std::to_string(o.causal) + " top_left " + std::to_string(o.alignment == MaskAlignment::top_left) +
+       " window " + std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " softcap " +
+       std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
+       " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) + " bias " +
+       std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) + " splits " +
+       std::to_string(o.num_splits) + " budget " + std::to_string(o.sram_budget_bytes) + " backend " +
+       to_string(o.execution.backend) + " x " + std::to_string(o.execution.num_threads);
+  if (p.kv >= KvType::int8)
+    s += std::string("\n  k_scale ") + granularity_names[static_cast<int>(p.ks.kind)] + " v_scale " +
+         granularity_names[static_cast<int>(p.vs.kind)];
+  s += "\n  layouts:" + describe_layout("q", p.layout[0], strides[0]) + ";" + describe_layout("k", p.layout[1], strides[1]) +
+       ";" + describe_layout("v", p.layout[2], strides[2]) + ";" + describe_layout("o", p.layout[3], strides[3]);
+  if (p.rerun)
+    s += "\n  rerun on " + std::string(to_string(p.again.backend)) + " x " + std::to_string(p.again.num_threads) +
+         (p.rerun_toggles_plan ? (p.planned ? " without a plan" : " with a plan") : "");
+  return s + "\n  corruption: " + corruption;
+}
+
+/// Whether the thrown error is one a call without corruption may raise: a random budget
+/// that fits no tile.
+bool allowed_for_valid_call(const Problem& p, const tileattn::invalid_argument& err) {
+  return p.budget_kind == 3 && dynamic_cast<const budget_error*>(&err) != nullptr;
+}
+
+/// The call, with its plan when planned; on invalid_argument checks the rule for rejected
+/// calls and returns false.
+template <class T, class KV>
+bool attempt(const Problem& p, Call<T, KV>& c, const std::optional<PagedPlan>& plan, bool corrupted,
+             const std::string& info) {
+  const std::vector<KV> k_before = c.k.data, v_before = c.v.data;
+  const T o_sentinel = from_float<T>(sentinel);
+  try {
+    if (plan) {
+      try {  // the planner on the same (maybe corrupted) arguments; the corruption is not the plan's
+        (void)make_plan(p, c, c.opts);
+        if (corrupted && p.corruption != plan_mismatch) fail("the planner accepted a corrupted call\n  " + info);
+      } catch (const tileattn::invalid_argument& err) {
+        fuzz::require_named("paged_fuzz", err);
+        if (!corrupted && !allowed_for_valid_call(p, err)) fail(std::string("the planner rejected a valid call: ") + err.what() + "\n  " + info);
+      }
+    }
+    run(p, c, c.opts, plan ? &*plan : nullptr);
+  } catch (const tileattn::invalid_argument& err) {
+    fuzz::require_named("paged_fuzz", err);
+    if (!all_bits_equal(c.o.data, o_sentinel) || !test::all_equal(c.lse, sentinel))
+      fail(std::string("wrote outputs before throwing: ") + err.what() + "\n  " + info);
+    if (!same_bits(k_before, c.k.data) || !same_bits(v_before, c.v.data))
+      fail(std::string("changed a pool before throwing: ") + err.what() + "\n  " + info);
+    if (!corrupted && !allowed_for_valid_call(p, err)) fail(std::string("rejected a valid call: ") + err.what() + "\n  " + info);
+    return false;
+  }
+  if (corrupted) fail("accepted a corrupted call\n  " + info);
+  return true;
+}
+
+template <class T, class KV>
+void check_success(const Problem& p, Call<T, KV>& c, const std::string& info, bool verbose) {
+  const T o_sentinel = from_float<T>(sentinel);
+  double max_v = 0.0;
+  const Deviation dev = check_against_reference(p, c, max_v);
+  if (!dev.problem.empty()) fail("differs from the reference: " + dev.problem + "\n  " + info);
+  if (verbose) std::fprintf(stderr, "paged_fuzz: error %.3g on O (bound %.3g), %.3g on LSE\n", dev.o, o_bound<T>(max_v), dev.lse);
+  if (dev.o > o_bound<T>(max_v) || dev.lse > lse_bound)
+    fail("error " + std::to_string(dev.o) + " on O (bound " + std::to_string(o_bound<T>(max_v)) + "), " +
+         std::to_string(dev.lse) + " on LSE\n  " + info);
+  // Nothing outside the views, nor past cu_seqlens_q's end.
+  if (const std::size_t n = written_outside(c.ov, c.o.data, o_sentinel))
+    fail(std::to_string(n) + " elements of O's buffer outside its view were written\n  " + info);
+  const std::size_t lse_out = !p.lse_on ? written_outside(LseView{}, c.lse, sentinel)
+                              : p.varlen ? written_outside(c.lse2, c.lse, sentinel)
+                                         : written_outside(c.lse3, c.lse, sentinel);
+  if (lse_out) fail(std::to_string(lse_out) + " LSE elements outside its view (or not asked for) were written\n  " + info);
+  if (p.varlen && p.cu.back() < p.nq) {
+    bool written = false;
+    const index_t end = p.cu.back();
+    test::for_each_index({1, p.nq - end, p.hq, p.dv}, [&](index_t, index_t n, index_t h, index_t x) {
+      written |= std::memcmp(&c.ov(0, end + n, h, x), &o_sentinel, sizeof(T)) != 0;
+    });
+    if (p.lse_on)
+      for (index_t h = 0; h < p.hq; ++h)
+        for (index_t i = end; i < p.nq; ++i) written |= std::memcmp(&c.lse2(h, i), &sentinel, sizeof(float)) != 0;
+    if (written) fail("wrote O or LSE rows past cu_seqlens_q's end\n  " + info);
+  }
+}
+
+/// Runs the call again on another execution (and with the plan made separately, or not)
+/// and requires the same bits.
+template <class T, class KV>
+void check_rerun(const Problem& p, Call<T, KV>& c, const std::string& info) {
+  const std::vector<T> first_o = c.o.data;
+  const std::vector<float> first_lse = c.lse;
+  std::fill(c.o.data.begin(), c.o.data.end(), from_float<T>(sentinel));
+  std::fill(c.lse.begin(), c.lse.end(), sentinel);
+  PagedOptions again = c.opts;
+  again.execution = p.again;
+  const bool with_plan = p.rerun_toggles_plan ? !p.planned : p.planned;
+  if (with_plan) {
+    const PagedPlan plan = make_plan(p, c, again);
+    run(p, c, again, &plan);
+  } else {
+    run(p, c, again, nullptr);
+  }
+  if (!same_bits(first_o, c.o.data) || !same_bits(first_lse, c.lse)) fail("results differ between executions\n  " + info);
+}
+
+template <class T, class KV>
+void execute(FuzzedDataProvider& in, Problem& p, bool verbose) {
+  Call<T, KV> c = make_call<T, KV>(p);
+  std::optional<PagedPlan> plan;
+  std::string what = "none";
+  const bool want_plan = p.planned || p.corruption == plan_mismatch;
+  // The plan of the valid call (the budget may fit no tile: then the call has no plan).
+  if (want_plan && p.corruption != plan_mismatch) {
+    try {
+      plan = make_plan(p, c, c.opts);
+    } catch (const tileattn::invalid_argument& err) {
+      fuzz::require_named("paged_fuzz", err);
+      if (!allowed_for_valid_call(p, err)) fail(std::string("the planner rejected a valid call: ") + err.what());
+    }
+  }
+  if (p.corruption == plan_mismatch) {
+    try {
+      plan = mismatched_plan(in, p, c, what);
+      p.planned = true;
+    } catch (const tileattn::invalid_argument& err) {  // the other call's budget fits no tile
+      fuzz::require_named("paged_fuzz", err);
+      if (!allowed_for_valid_call(p, err)) fail(std::string("the planner rejected a valid call: ") + err.what());
+      what = "none";
+    }
+  } else if (p.corruption >= 0) {
+    what = corrupt(p.corruption, in, p, c);
+  }
+  p.applied = what;
+  const bool corrupted = what != "none";
+  const std::string info = describe(p, what, {c.q.view.stride.data(), c.k.view.stride.data(), c.v.view.stride.data(), c.o.view.stride.data()});
+  if (verbose) std::fprintf(stderr, "paged_fuzz: %s\n", info.c_str());
+  if (want_plan && !plan && !corrupted) {  // the budget fits no tile: the unplanned call must say so too
+    if (attempt(p, c, plan, false, info)) fail("the planner rejected a call that ran\n  " + info);
+    if (verbose) std::fprintf(stderr, "paged_fuzz: rejected (budget)\n");
+    return;
+  }
+  if (!attempt(p, c, plan, corrupted, info)) {
+    if (verbose) std::fprintf(stderr, "paged_fuzz: rejected\n");
+    return;
+  }
+  check_success(p, c, info, verbose);
+  if (p.rerun) check_rerun(p, c, info);
+  if (verbose) std::fprintf(stderr, "paged_fuzz: ok\n");
+}
+
+/// 8-bit pools take float Q, and int8 ones bf16 Q too (the bf16 pair path). Every (Q, 8-bit
+/// K/V) pair is valid, but each costs about half a minute of compile time under the
+/// sanitizers (twelve pairs took 6.5 minutes): these are the ones whose paths differ
+/// (fp16 Q reads 8-bit K/V into float tiles as float Q does).
+template <class KV>
+void execute_q(FuzzedDataProvider& in, Problem& p, bool verbose) {
+  if constexpr (std::is_same_v<KV, std::int8_t>)
+    if (p.qt == QType::bf16) return execute<bf16, KV>(in, p, verbose);
+  execute<float, KV>(in, p, verbose);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const bool verbose = std::getenv("PAGED_FUZZ_VERBOSE") != nullptr;
+  FuzzedDataProvider in(data, size);
+  std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
+  Problem p;
+  build(in, p, rng);
+  p.corruption = choose_corruption(in);
+  switch (p.kv) {
+    case KvType::fp32: execute<float, float>(in, p, verbose); break;
+    case KvType::bf16: execute<bf16, bf16>(in, p, verbose); break;
+    case KvType::fp16: execute<fp16, fp16>(in, p, verbose); break;
+    case KvType::int8: execute_q<std::int8_t>(in, p, verbose); break;
+    case KvType::e4m3: execute_q<fp8_e4m3>(in, p, verbose); break;
+    case KvType::e5m2: execute_q<fp8_e5m2>(in, p, verbose); break;
+  }
+  return 0;
+}
