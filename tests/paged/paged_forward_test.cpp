@@ -124,6 +124,28 @@ TEST(PagedForward, BitwiseIdenticalAcrossBackendsAndThreadCounts) {
     }
 }
 
+TEST(PagedForward, RepeatedSplitRunsGiveTheSameBitsOnEveryBackendAndThreadCount) {
+  // Races show up as rare differences: each parallel run is repeated determinism_repeats()
+  // times (50; fewer under the sanitizers), split-KV forced so partial states and merges run.
+  PagedShape s{{1500, 1, 299}, 2, 4, 2, 32, 0, 16};
+  PagedBatch<float> batch(s, 4);
+  PagedOptions opt;
+  opt.num_splits = 4;
+  opt.sram_budget_bytes = forward_working_set_bytes(16, 32, 32, 32);
+  batch.run(opt);
+  const auto first = batch.o;
+  const auto first_lse = batch.lse;
+  for (Backend backend : compiled_backends())
+    for (int threads : {1, 2, 3})
+      for (int repeat = 0; repeat < (backend == Backend::serial ? 1 : determinism_repeats()); ++repeat) {
+        opt.execution = {backend, threads};
+        batch.reset_outputs();
+        batch.run(opt);
+        ASSERT_TRUE(bitwise_equal(batch.o, first) && bitwise_equal(batch.lse, first_lse))
+            << to_string(backend) << " x " << threads << ", repeat " << repeat;
+      }
+}
+
 TEST(PagedForward, PlanIsReusedAndCheckedAgainstTheCall) {
   PagedShape s{{300, 4000}, 1, 8, 2, 64, 0, 16};
   PagedBatch<float> batch(s, 2);

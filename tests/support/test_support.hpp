@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -205,6 +206,13 @@ inline bool all_equal(const std::vector<float>& buffer, float value) {
   return std::all_of(buffer.begin(), buffer.end(), [&](const float& x) {
     return std::memcmp(&x, &value, sizeof(float)) == 0;
   });
+}
+
+/// How many times the parallel backends repeat each determinism check:
+/// TILEATTN_DETERMINISM_REPEATS, 50 by default (FlashAttention reruns its race test 250 times).
+inline int determinism_repeats() {
+  const char* env = std::getenv("TILEATTN_DETERMINISM_REPEATS");
+  return env ? std::max(1, std::atoi(env)) : 50;
 }
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {

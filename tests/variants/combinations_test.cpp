@@ -174,13 +174,6 @@ void expect_same_bits_on_every_execution(AnyProblem& p, ForwardOptions opts, int
     }
 }
 
-/// How many times the parallel backends repeat each determinism check:
-/// TILEATTN_DETERMINISM_REPEATS, 50 by default (FlashAttention reruns its race test 250 times).
-int determinism_repeats() {
-  const char* env = std::getenv("TILEATTN_DETERMINISM_REPEATS");
-  return env ? std::max(1, std::atoi(env)) : 50;
-}
-
 TEST(Determinism, CombinedOptionsBitwiseIdenticalOnEveryBackend) {
   const Combination c{everything, 64, Backend::serial, 1};
   Problem p({2, 8, 2, 97, 131, c.head_dim}, KvStorage::interleaved, 95);
