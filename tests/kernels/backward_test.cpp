@@ -284,6 +284,25 @@ TEST(BackwardNonFinite, RowsThatSeeNoKeyGetZeroGradients) {
   EXPECT_NE(p.dqv(0, 31, 0, 0), 0.0f);  // row 30 sees one key: its softmax has no gradient
 }
 
+TEST(BackwardNonFinite, AMinusInfinitySinkOnRowsThatSeeNoKeyAddsNothingToDsinks) {
+  // Rows 0..29 see no key; head 0's sink is -inf, so their LSE is -inf and e^(sink - LSE)
+  // is e^(-inf + inf): they must add nothing (found by backward_fuzz).
+  const ProblemShape s{1, 50, 20, 2, 2, 16, 16};
+  BackwardProblem<float> p(s, 24);
+  BackwardOptions opts;
+  opts.causal = true;
+  const std::vector<float> sinks{-std::numeric_limits<float>::infinity(), 0.5f};
+  std::vector<float> dsinks(2, sentinel);
+  opts.sinks = sinks;
+  opts.dsinks = dsinks;
+  p.forward(opts);
+  p.backward(opts);
+  const reference::BackwardResult want = p.reference(reference::Options::from(opts));
+  EXPECT_EQ(dsinks[0], 0.0f);
+  EXPECT_NEAR(dsinks[1], want.dsinks[1], 1e-5 * (1.0 + std::abs(want.dsinks[1])));
+  EXPECT_NE(dsinks[1], 0.0f);
+}
+
 TEST(BackwardAutograd, AttentionObjectMatchesTheDirectCalls) {
   const ProblemShape s{2, 33, 47, 4, 2, 16, 16};
   BackwardProblem<float> direct(s, 23), object(s, 23);

@@ -284,7 +284,8 @@ void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardPlan& plan
   store_rows(sequence_matrix(p.dq, seq.view_batch, head, seq.q_start, seq.q_len), r0, dq, io);
 }
 
-/// d(sink_h) = -sum over rows of 2^(sink_h - lse) * D, in a fixed order (double sums).
+/// d(sink_h) = -sum over rows of e^(sink_h - lse) * D, in a fixed order (double sums); a
+/// row whose LSE is -inf (no key, sink -inf) has no sink probability and adds nothing.
 template <class T, class Io>
 void sink_gradients(const BackwardParams<T>& p, const BackwardState& st, Io& io) {
   for (index_t h = 0; h < p.heads(); ++h) {
@@ -294,6 +295,7 @@ void sink_gradients(const BackwardParams<T>& p, const BackwardState& st, Io& io)
       const double sink = p.sinks[static_cast<std::size_t>(h)];
       for (index_t i = 0; i < seq.q_len; ++i) {
         const double lse = p.saved_lse(seq.view_batch, h, seq.q_start + i);
+        if (lse == -HUGE_VAL) continue;  // no key and a -inf sink: the row adds nothing (not e^(-inf + inf))
         sum += std::exp(sink - lse) * static_cast<double>(st.delta_view(seq.view_batch, h, seq.q_start + i));
       }
       io.read(static_cast<std::uint64_t>(seq.q_len) * 2 * sizeof(float));
