@@ -57,6 +57,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fuzz/fuzz_layouts.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "support/backward_support.hpp"
 #include "support/test_support.hpp"
@@ -68,6 +69,12 @@ using tileattn::test::GradError;
 using tileattn::test::sentinel;
 
 using fuzz::all_bits_equal;
+using fuzz::Buffer;
+using fuzz::make_stored;
+using fuzz::mirror;
+using fuzz::Relayout;
+using fuzz::relayout_of;
+using fuzz::Stored;
 using fuzz::changed_outside;
 using fuzz::inf;
 using fuzz::nan;
@@ -75,11 +82,6 @@ using fuzz::same_bits;
 
 [[noreturn]] void fail(const std::string& what) { fuzz::fail("backward_fuzz", what); }
 
-/// A buffer of N(0, 1) values (seeded from the input) with a view in a chosen layout.
-struct Buffer {
-  std::vector<float> data;
-  TensorView<float> view;
-};
 
 Buffer make_tensor(FuzzedDataProvider& in, index_t b, index_t n, index_t h, index_t d, bool allow_broadcast,
                    std::mt19937& rng) {
@@ -132,29 +134,8 @@ index_t window_side(FuzzedDataProvider& in) {
 
 // ---- Final layouts ----------------------------------------------------------------------
 
-/// Where a tensor goes in its final buffer (the forward harness's relayout).
-struct Relayout {
-  int shift = 0;             // elements between the allocation's start and the buffer's
-  bool fresh = false;        // copied into a layout of its own (else: the generated one)
-  int order = 0;             // fresh: dimension order, outermost first (orders below)
-  index_t inner_stride = 1;  // fresh: stride of the innermost dimension
-  index_t pad = 0;           // fresh: gap after each dimension's span
-};
-
-/// Dimension orders, outermost first, of [batch 0, seqlen 1, heads 2, head_dim 3]: bshd,
-/// bhsd, bhds (head_dim strided by the sequence) and sbdh (heads innermost).
-constexpr std::array<std::array<int, 4>, 4> orders{{{0, 1, 2, 3}, {0, 2, 1, 3}, {0, 2, 3, 1}, {1, 0, 3, 2}}};
+/// The names of fuzz::orders for the eight tensors, in failure messages.
 constexpr const char* order_names[] = {"bshd", "bhsd", "bhds", "sbdh"};
-
-Relayout relayout_of(std::uint8_t b) {
-  Relayout r;
-  r.shift = b & 3;
-  r.fresh = (b >> 2) & 1;
-  r.order = (b >> 3) & 3;
-  r.inner_stride = 1 + ((b >> 5) & 1);
-  r.pad = (b >> 6) & 3;
-  return r;
-}
 
 enum class Storage { fp32, bf16, fp16 };
 
@@ -309,52 +290,6 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
 
 // ---- Tensors in the storage type --------------------------------------------------------
 
-/// A tensor in storage type T: its buffer and its view.
-template <class T>
-struct Stored {
-  std::vector<T> data;
-  TensorView<T> view;
-};
-
-/// `src` in type T, laid out as `r` says; elements outside the view hold `gap` (fresh
-/// layouts, shift) or src's own padding, rounded (the generated layout).
-template <class T>
-Stored<T> make_stored(const Buffer& src, const Relayout& r, T gap) {
-  Stored<T> s;
-  const TensorView<float>& from = src.view;
-  const auto shift = static_cast<std::size_t>(r.shift);
-  if (!r.fresh) {
-    s.data.assign(src.data.size() + shift, gap);
-    for (std::size_t i = 0; i < src.data.size(); ++i) s.data[shift + i] = from_float<T>(src.data[i]);
-    s.view = {s.data.data() + shift + (from.data - src.data.data()), from.shape, from.stride};
-    return s;
-  }
-  std::array<index_t, 4> stride{};
-  index_t span = r.inner_stride, last = 0;
-  for (int i = 3; i >= 0; --i) {
-    const int d = orders[static_cast<std::size_t>(r.order)][static_cast<std::size_t>(i)];
-    if (from.stride[d] == 0) continue;  // a broadcast dimension stays one
-    stride[d] = span;
-    span = span * from.shape[d] + r.pad;
-    last += (from.shape[d] - 1) * stride[d];
-  }
-  s.data.assign(static_cast<std::size_t>(last + 1) + shift, gap);
-  s.view = {s.data.data() + shift, from.shape, stride};
-  test::for_each_index(from.shape, [&](index_t b, index_t n, index_t h, index_t c) {
-    s.view(b, n, h, c) = from_float<T>(from(b, n, h, c));
-  });
-  return s;
-}
-
-/// A float copy of a T buffer (exact) with the same view over it, for the reference.
-template <class T>
-Buffer mirror(const Stored<T>& s) {
-  Buffer m;
-  m.data.resize(s.data.size());
-  for (std::size_t i = 0; i < s.data.size(); ++i) m.data[i] = to_float(s.data[i]);
-  m.view = {m.data.data() + (s.view.data - s.data.data()), s.view.shape, s.view.stride};
-  return m;
-}
 
 template <class T>
 using Tensors = std::array<Stored<T>, tensor_count>;
@@ -540,34 +475,6 @@ struct References {
 };
 
 template <class T>
-TensorView<const T> sequence(const TensorView<const T>& t, index_t start, index_t len) {
-  return reference::sequence_view<T>(packed(t), start, len);
-}
-
-/// attention_backward_naive over a packed batch, one sequence at a time (as the reference's
-/// attention_backward_varlen assembles the exact one).
-template <class T>
-reference::NaiveBackwardF naive_varlen(const Problem& p, const std::array<TensorView<const T>, 4>& qkvdo,
-                                       const reference::Options& ro) {
-  const auto& [q, k, v, dout] = qkvdo;
-  reference::NaiveBackwardF r;
-  reference::detail::shape_grads(r, q, k, v, ro);
-  for (std::size_t s = 0; s + 1 < p.cu_q.size(); ++s) {
-    const index_t q0 = p.cu_q[s], lq = p.cu_q[s + 1] - q0, k0 = p.cu_k[s], lk = p.cu_k[s + 1] - k0;
-    reference::Options o = ro;
-    o.batch_index = static_cast<index_t>(s);
-    const auto part = reference::attention_backward_naive<T>(sequence(q, q0, lq), sequence(k, k0, lk),
-                                                             sequence(v, k0, lk), sequence(dout, q0, lq), o);
-    std::copy(part.dq.begin(), part.dq.end(), r.dq.begin() + static_cast<std::ptrdiff_t>(r.q_index(0, q0, 0, 0)));
-    std::copy(part.dk.begin(), part.dk.end(), r.dk.begin() + static_cast<std::ptrdiff_t>(r.k_index(0, k0, 0, 0)));
-    std::copy(part.dv.begin(), part.dv.end(), r.dv.begin() + static_cast<std::ptrdiff_t>(r.v_index(0, k0, 0, 0)));
-    for (std::size_t e = 0; e < r.dsinks.size(); ++e) r.dsinks[e] += part.dsinks[e];
-    for (std::size_t e = 0; e < r.dbias.size(); ++e) r.dbias[e] += part.dbias[e];
-  }
-  return r;
-}
-
-template <class T>
 reference::BackwardResult exact(const Problem& p, const std::array<TensorView<const T>, 4>& qkvdo,
                                 const reference::Options& ro) {
   const auto& [q, k, v, dout] = qkvdo;
@@ -582,7 +489,8 @@ References<T> references(const Problem& p, const Tensors<T>& t, const Stored<T>&
   const std::array<TensorView<const T>, 4> in{in_view(t, tq), in_view(t, tk), in_view(t, tv), in_view(t, tdo)};
   References<T> r;
   r.exact = exact<T>(p, in, ro);
-  r.naive = p.varlen ? naive_varlen<T>(p, in, ro)
+  r.naive = p.varlen ? reference::attention_backward_naive_varlen<T>(packed(in[0]), packed(in[1]), packed(in[2]),
+                                                                     packed(in[3]), p.cu_q, p.cu_k, ro)
                      : reference::attention_backward_naive<T>(in[0], in[1], in[2], in[3], ro);
   r.abs_dout = exact<T>(p, {in[0], in[1], in[2], TensorView<const T>(abs_dout.view)}, ro);
   return r;

@@ -73,6 +73,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fuzz/fuzz_layouts.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/paged.hpp"
@@ -80,6 +81,9 @@
 namespace {
 
 using namespace tileattn;
+using fuzz::orders;
+using fuzz::Relayout;
+using fuzz::relayout_of;
 using tileattn::test::Deviation;
 using tileattn::test::sentinel;
 
@@ -116,30 +120,9 @@ float natural_scale(KvType t) { return t == KvType::int8 ? 4.0f / int8_max : 1.0
 
 // ---- Layouts ----------------------------------------------------------------------------
 
-/// Where a 4-D tensor goes in its buffer (one input byte, forward_fuzz's relayout_of).
-struct Relayout {
-  int shift = 0;             // elements between the allocation's start and the view's
-  bool fresh = false;        // a layout of its own (else contiguous, outermost first)
-  int order = 0;             // fresh: dimension order, outermost first (orders below)
-  index_t inner_stride = 1;  // fresh: stride of the innermost dimension
-  index_t pad = 0;           // fresh: gap after each dimension's span
-};
-
-/// Dimension orders, outermost first, of a 4-D tensor's dimensions 0 to 3: as given,
-/// 0 2 1 3 (bhsd; pools: heads outside the page's rows), 0 2 3 1 (dimension 1 innermost)
-/// and 1 0 3 2.
-constexpr std::array<std::array<int, 4>, 4> orders{{{0, 1, 2, 3}, {0, 2, 1, 3}, {0, 2, 3, 1}, {1, 0, 3, 2}}};
+/// The names of fuzz::orders (fuzz_layouts.hpp) for Q, O and the pools, in failure
+/// messages: 0213 puts a pool's heads outside its page's rows, 0231 dimension 1 innermost.
 constexpr const char* order_names[] = {"0123", "0213", "0231", "1032"};
-
-Relayout relayout_of(std::uint8_t b) {
-  Relayout r;
-  r.shift = b & 3;
-  r.fresh = (b >> 2) & 1;
-  r.order = (b >> 3) & 3;
-  r.inner_stride = 1 + ((b >> 5) & 1);
-  r.pad = (b >> 6) & 3;
-  return r;
-}
 
 /// A tensor in type T: its buffer and its view.
 template <class T>

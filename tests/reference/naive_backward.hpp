@@ -221,6 +221,40 @@ BackwardResult attention_backward(const TensorView<const T>& q, const TensorView
   return r;
 }
 
+namespace detail {
+
+/// A packed variable-length batch's gradients, one sequence at a time through `backward`
+/// (attention_backward or attention_backward_naive), laid out as attention_backward_varlen says.
+template <class Result, class T, class Backward>
+Result assemble_varlen(Backward&& backward, const StridedView<const T, 3>& q, const StridedView<const T, 3>& k,
+                       const StridedView<const T, 3>& v, const StridedView<const T, 3>& dout,
+                       std::span<const std::int32_t> cu_seqlens_q, std::span<const std::int32_t> cu_seqlens_k,
+                       const Options& opt) {
+  const TensorView<const T> q4{q.data, {1, q.shape[0], q.shape[1], q.shape[2]}, {0, q.stride[0], q.stride[1], q.stride[2]}};
+  const TensorView<const T> k4{k.data, {1, k.shape[0], k.shape[1], k.shape[2]}, {0, k.stride[0], k.stride[1], k.stride[2]}};
+  const TensorView<const T> v4{v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
+  Result r;
+  detail::shape_grads(r, q4, k4, v4, opt);
+  const auto sequences = static_cast<index_t>(cu_seqlens_q.size()) - 1;
+  for (index_t s = 0; s < sequences; ++s) {
+    const auto su = static_cast<std::size_t>(s);
+    const index_t q0 = cu_seqlens_q[su], nq = cu_seqlens_q[su + 1] - q0;
+    const index_t k0 = cu_seqlens_k[su], nk = cu_seqlens_k[su + 1] - k0;
+    Options o = opt;
+    o.batch_index = s;
+    const Result part = backward(sequence_view(q, q0, nq), sequence_view(k, k0, nk), sequence_view(v, k0, nk),
+                                 sequence_view(dout, q0, nq), o);
+    std::copy(part.dq.begin(), part.dq.end(), r.dq.begin() + static_cast<std::ptrdiff_t>(r.q_index(0, q0, 0, 0)));
+    std::copy(part.dk.begin(), part.dk.end(), r.dk.begin() + static_cast<std::ptrdiff_t>(r.k_index(0, k0, 0, 0)));
+    std::copy(part.dv.begin(), part.dv.end(), r.dv.begin() + static_cast<std::ptrdiff_t>(r.v_index(0, k0, 0, 0)));
+    for (std::size_t e = 0; e < r.dsinks.size(); ++e) r.dsinks[e] += part.dsinks[e];
+    for (std::size_t e = 0; e < r.dbias.size(); ++e) r.dbias[e] += part.dbias[e];
+  }
+  return r;
+}
+
+}  // namespace detail
+
 /// attention_backward over a packed variable-length batch (FlashAttention's varlen layout):
 /// sequence s owns rows [cu_seqlens_q[s], cu_seqlens_q[s+1]) of q and dout and likewise of
 /// k and v; per-batch bias, mask and ALiBi slopes are indexed by s (opt.batch_index is
@@ -232,28 +266,8 @@ BackwardResult attention_backward_varlen(const StridedView<const T, 3>& q, const
                                          const StridedView<const T, 3>& v, const StridedView<const T, 3>& dout,
                                          std::span<const std::int32_t> cu_seqlens_q,
                                          std::span<const std::int32_t> cu_seqlens_k, const Options& opt) {
-  const TensorView<const T> q4{q.data, {1, q.shape[0], q.shape[1], q.shape[2]}, {0, q.stride[0], q.stride[1], q.stride[2]}};
-  const TensorView<const T> k4{k.data, {1, k.shape[0], k.shape[1], k.shape[2]}, {0, k.stride[0], k.stride[1], k.stride[2]}};
-  const TensorView<const T> v4{v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
-  BackwardResult r;
-  detail::shape_grads(r, q4, k4, v4, opt);
-  const auto sequences = static_cast<index_t>(cu_seqlens_q.size()) - 1;
-  for (index_t s = 0; s < sequences; ++s) {
-    const auto su = static_cast<std::size_t>(s);
-    const index_t q0 = cu_seqlens_q[su], nq = cu_seqlens_q[su + 1] - q0;
-    const index_t k0 = cu_seqlens_k[su], nk = cu_seqlens_k[su + 1] - k0;
-    Options o = opt;
-    o.batch_index = s;
-    const BackwardResult part =
-        attention_backward<T>(sequence_view(q, q0, nq), sequence_view(k, k0, nk), sequence_view(v, k0, nk),
-                              sequence_view(dout, q0, nq), o);
-    std::copy(part.dq.begin(), part.dq.end(), r.dq.begin() + static_cast<std::ptrdiff_t>(r.q_index(0, q0, 0, 0)));
-    std::copy(part.dk.begin(), part.dk.end(), r.dk.begin() + static_cast<std::ptrdiff_t>(r.k_index(0, k0, 0, 0)));
-    std::copy(part.dv.begin(), part.dv.end(), r.dv.begin() + static_cast<std::ptrdiff_t>(r.v_index(0, k0, 0, 0)));
-    for (std::size_t e = 0; e < r.dsinks.size(); ++e) r.dsinks[e] += part.dsinks[e];
-    for (std::size_t e = 0; e < r.dbias.size(); ++e) r.dbias[e] += part.dbias[e];
-  }
-  return r;
+  return detail::assemble_varlen<BackwardResult>(
+      [](const auto&... a) { return attention_backward<T>(a...); }, q, k, v, dout, cu_seqlens_q, cu_seqlens_k, opt);
 }
 
 /// "Standard attention" backward in precision T (float, bf16 or fp16), as PyTorch eager
@@ -387,6 +401,18 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
   for (std::size_t e = 0; e < r.dk.size(); ++e) r.dk[e] = round_to<T>(dk_sum[e]);
   for (std::size_t e = 0; e < r.dv.size(); ++e) r.dv[e] = round_to<T>(dv_sum[e]);
   return r;
+}
+
+/// attention_backward_naive over a packed variable-length batch (attention_backward_varlen's
+/// layout and rules).
+template <class T>
+  requires storage_type<T>
+NaiveBackwardF attention_backward_naive_varlen(const StridedView<const T, 3>& q, const StridedView<const T, 3>& k,
+                                               const StridedView<const T, 3>& v, const StridedView<const T, 3>& dout,
+                                               std::span<const std::int32_t> cu_seqlens_q,
+                                               std::span<const std::int32_t> cu_seqlens_k, const Options& opt) {
+  return detail::assemble_varlen<NaiveBackwardF>(
+      [](const auto&... a) { return attention_backward_naive<T>(a...); }, q, k, v, dout, cu_seqlens_q, cu_seqlens_k, opt);
 }
 
 }  // namespace tileattn::reference
