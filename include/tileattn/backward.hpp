@@ -37,8 +37,8 @@ inline BackwardPlan plan_backward(const BackwardShape& shape, const ForwardOptio
 namespace detail {
 
 template <class T>
-BackwardShape backward_shape(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k) {
-  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.batch() * p.heads_kv(), p.softcap > 0,
+BackwardShape backward_shape(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k, bool slope) {
+  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.batch() * p.heads_kv(), slope,
           kernels::tile_operands_v<kernels::tile_operand_t<T>>};
 }
 
@@ -69,15 +69,18 @@ void check_saved_lse(const StridedView<const float, R>& lse,
   check_lse(StridedView<float, R>{const_cast<float*>(lse.data), lse.shape, lse.stride}, want, names);  // only read
 }
 
-/// The checks both entry points share once the params are built, then the run.
-template <class T>
+/// The checks both entry points share once the params are built, then the run with the
+/// score modifiers of `scores` (ops::BuiltinScores, or flex.hpp's).
+template <class T, class Scores>
 void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
-                            const BackwardOptions& options) {
+                            const BackwardOptions& options, const Scores& scores) {
   check_options(p, p.batch(), max_seqlen_q, max_seqlen_k, options.execution);
   check_budget(options);
   check_extra_gradients(p);
   check_backward_aliasing(p);
-  const BackwardPlan plan = plan_backward(backward_shape(p, max_seqlen_q, max_seqlen_k), options);
+  scores.check(p, max_seqlen_q, max_seqlen_k);
+  const BackwardPlan plan =
+      plan_backward(backward_shape(p, max_seqlen_q, max_seqlen_k, scores.has_slope(p.softcap)), options);
   if (p.dbias.data) {  // zero first: keys a row never sees get no gradient
     const StridedView<float, 4>& g = p.dbias;
     for (index_t b = 0; b < g.shape[0]; ++b)
@@ -86,33 +89,48 @@ void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, in
           for (index_t j = 0; j < g.shape[3]; ++j) g(b, h, i, j) = 0.0f;
   }
   if (options.io_counts) {
-    *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution);
+    *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution, scores);
   } else {
-    kernels::run_backward<NoIoCounting>(p, plan, options.execution);
+    kernels::run_backward<NoIoCounting>(p, plan, options.execution, scores);
   }
+}
+
+template <class T, class Scores>
+void backward_scored(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
+                     SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
+                     TensorView<T> dv, const BackwardOptions& options, const Scores& scores) {
+  check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
+  check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+  const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
+  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores);
 }
 
 template <class T>
 void backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
               SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
               const BackwardOptions& options) {
-  check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
-  check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
-  const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
-  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
+  backward_scored(q, k, v, o, lse, dout, dq, dk, dv, options, ops::BuiltinScores{});
 }
 
-template <class T>
-void backward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<const T> v, PackedView<const T> o,
-                     SavedPackedLseView lse, PackedView<const T> dout, PackedView<T> dq, PackedView<T> dk,
-                     PackedView<T> dv, const VarlenSequences& seqs, const BackwardOptions& options) {
+template <class T, class Scores>
+void backward_varlen_scored(PackedView<const T> q, PackedView<const T> k, PackedView<const T> v,
+                            PackedView<const T> o, SavedPackedLseView lse, PackedView<const T> dout,
+                            PackedView<T> dq, PackedView<T> dk, PackedView<T> dv, const VarlenSequences& seqs,
+                            const BackwardOptions& options, const Scores& scores) {
   check_backward_views(q, k, v, o, dout, dq, dk, dv, packed_layout);
   check_saved_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const SavedLseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   BackwardParams<T> p = make_backward_params(unpack(q), unpack(k), unpack(v), unpack(o), lse3, unpack(dout),
                                              unpack(dq), unpack(dk), unpack(dv), options);
   set_sequences(p, seqs, q.shape[0], k.shape[0]);
-  check_and_run_backward(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
+  check_and_run_backward(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options, scores);
+}
+
+template <class T>
+void backward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<const T> v, PackedView<const T> o,
+                     SavedPackedLseView lse, PackedView<const T> dout, PackedView<T> dq, PackedView<T> dk,
+                     PackedView<T> dv, const VarlenSequences& seqs, const BackwardOptions& options) {
+  backward_varlen_scored(q, k, v, o, lse, dout, dq, dk, dv, seqs, options, ops::BuiltinScores{});
 }
 
 /// One storage type for every tensor of a backward call; the gradients must be writable.

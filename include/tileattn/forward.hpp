@@ -117,14 +117,16 @@ inline void check_budget(const ForwardOptions& options) {
               std::to_string(options.sram_budget_bytes));
 }
 
-template <class T, class KV>
+/// Checks what the score source needs (a flex call's block mask), plans and runs.
+template <class T, class KV, class Scores>
 void run(const ForwardParams<T, KV>& p, index_t max_seqlen_q, index_t max_seqlen_k,
-         const ForwardOptions& options) {
+         const ForwardOptions& options, const Scores& scores) {
+  scores.check(p, max_seqlen_q, max_seqlen_k);
   const TilePlan plan = plan_forward(plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k), options);
   if (options.io_counts) {
-    *options.io_counts = kernels::run_forward<CountingIo>(p, plan, options.execution);
+    *options.io_counts = kernels::run_forward<CountingIo>(p, plan, options.execution, scores);
   } else {
-    kernels::run_forward<NoIoCounting>(p, plan, options.execution);
+    kernels::run_forward<NoIoCounting>(p, plan, options.execution, scores);
   }
 }
 
@@ -133,9 +135,11 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
   return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
 }
 
-template <class T, class KV = T>
-void forward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
-             LseView lse, const ForwardOptions& options) {
+/// forward() with the score modifiers of `scores` (ops::BuiltinScores: the options'; flex.hpp:
+/// a score_mod and mask_mod besides).
+template <class T, class KV, class Scores>
+void forward_scored(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
+                    LseView lse, const ForwardOptions& options, const Scores& scores) {
   check_qkvo(q, k, v, o, padded_layout);
   check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   ForwardParams<T, KV> p = make_params(q, k, v, o, lse, options);
@@ -143,7 +147,13 @@ void forward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV>
   check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
   check_budget(options);
   check_aliasing(p);
-  run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
+  run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores);
+}
+
+template <class T, class KV = T>
+void forward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
+             LseView lse, const ForwardOptions& options) {
+  forward_scored(q, k, v, o, lse, options, ops::BuiltinScores{});
 }
 
 /// Checks a packed batch's sequences against the packed row counts (total_q, total_k) and
@@ -162,10 +172,10 @@ void set_sequences(ForwardParams<T, KV>& p, const VarlenSequences& seqs, index_t
   p.num_sequences = batch;
 }
 
-template <class T, class KV = T>
-void forward_varlen(PackedView<const T> q, PackedView<const KV> k, PackedView<const KV> v,
-                    PackedView<T> o, PackedLseView lse, const VarlenSequences& seqs,
-                    const ForwardOptions& options) {
+template <class T, class KV, class Scores>
+void forward_varlen_scored(PackedView<const T> q, PackedView<const KV> k, PackedView<const KV> v,
+                           PackedView<T> o, PackedLseView lse, const VarlenSequences& seqs,
+                           const ForwardOptions& options, const Scores& scores) {
   check_qkvo(q, k, v, o, packed_layout);
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
@@ -177,7 +187,14 @@ void forward_varlen(PackedView<const T> q, PackedView<const KV> k, PackedView<co
   check_aliasing(p);
   check_outputs_disjoint(p, seqs.cu_seqlens_q, "cu_seqlens_q");
   check_outputs_disjoint(p, seqs.cu_seqlens_k, "cu_seqlens_k");
-  run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options);
+  run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options, scores);
+}
+
+template <class T, class KV = T>
+void forward_varlen(PackedView<const T> q, PackedView<const KV> k, PackedView<const KV> v,
+                    PackedView<T> o, PackedLseView lse, const VarlenSequences& seqs,
+                    const ForwardOptions& options) {
+  forward_varlen_scored(q, k, v, o, lse, seqs, options, ops::BuiltinScores{});
 }
 
 }  // namespace detail

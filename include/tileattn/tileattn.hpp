@@ -11,6 +11,7 @@
 #include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/strided_view.hpp"
+#include "tileattn/flex.hpp"
 #include "tileattn/forward.hpp"
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/kernels/tile_plan.hpp"

@@ -58,10 +58,10 @@ struct BackwardTiles {
   Tile<float> ds;      // (Br, Bc) dP, then dS
   Tile<Op> p_op;       // (Br, Bc) P, then dS, rows paired: the transposed A operand (pairs only)
   Tile<Op> ds_op;      // (Br, Bc) dS as an operand (pairs only)
-  Tile<float> slope;   // (Br, Bc) the softcap's derivative (softcap only)
+  Tile<float> slope;   // (Br, Bc) the modified score's derivative (softcap or a score_mod only)
   TileVector<float> lse2, delta;  // (Br) LSE in log2 units, D
 
-  static BackwardTiles carve(ScratchArena& arena, const BackwardPlan& plan, index_t d, index_t dv, bool softcap) {
+  static BackwardTiles carve(ScratchArena& arena, const BackwardPlan& plan, index_t d, index_t dv, bool slope) {
     const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
     const auto cols = [](index_t n) { return operand_cols<Op>(n); };
     BackwardTiles t;
@@ -69,7 +69,7 @@ struct BackwardTiles {
     t.dv = Tile<float>::carve(arena, bc, dv);
     t.s = Tile<float>::carve(arena, br, bc);
     t.ds = Tile<float>::carve(arena, br, bc);
-    if (softcap) t.slope = Tile<float>::carve(arena, br, bc);
+    if (slope) t.slope = Tile<float>::carve(arena, br, bc);
     t.lse2 = TileVector<float>::carve(arena, br);
     t.delta = TileVector<float>::carve(arena, br);
     t.k = Tile<Op>::carve(arena, bc, cols(d));
@@ -184,13 +184,19 @@ inline std::pair<index_t, index_t> keys_seen(const ops::KeyWindow& w, index_t r0
 }
 
 /// One query tile's step against the resident key tile: rows [r0, r0 + n) of `head`, against
-/// the keys of the tile they can see.
-template <class T, class Op, class Io>
-void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, const KeyBlock& blk,
+/// the keys of the tile they can see. A tile the modifiers skip whole (a block mask's empty
+/// blocks) loads nothing and only passes its dQ turn on.
+template <class T, class Op, class Mods, class Io>
+void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock& blk,
                    BackwardState& st, index_t head, index_t tile, index_t r0, index_t n,
                    bool keys_finite, BackwardTiles<Op>& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
+  if (mods.skips({head, 1, r0, n}, blk.col0, blk.cols)) {
+    st.turns.wait(blk.sequence, tile, head, blk.key_tile);
+    st.turns.pass(blk.sequence, tile, head, blk.key_tile);
+    return;
+  }
   const auto rows_of = [&](const auto& view) {
     return sequence_matrix(view, seq.view_batch, head, seq.q_start, seq.q_len);
   };
@@ -208,7 +214,7 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
   auto keys = t.keys(k0, k1 - k0);                                                // c = k1 - k0 keys
 
   ops::matmul(t.s, t.q, keys.k_t);                                                // S (n, c)
-  Tile<float>* slope = p.softcap > 0 ? &t.slope : nullptr;
+  Tile<float>* slope = mods.has_slope() ? &t.slope : nullptr;
   mods.apply(t.s, {head, 1, r0, n}, blk.col0 + k0, io, slope);
   ops::recompute_probabilities(t.s, t.lse2.data(), mods.to_log2());               // P
   ops::matmul(t.ds, t.dout, keys.v_t);                                            // dP
@@ -234,11 +240,11 @@ void backward_step(const BackwardParams<T>& p, const ops::ScoreModifiers& mods, 
 }
 
 /// Pass 2 for one work item: dK and dV of one key tile, summed over the group's query heads.
-template <class T, class Op, class Io>
+template <class T, class Op, class Scores, class Io>
 void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, const KeyBlock& blk,
-                        BackwardState& st, BackwardTiles<Op>& t, Io& io) {
+                        BackwardState& st, BackwardTiles<Op>& t, const Scores& scores, Io& io) {
   const SequenceRange& seq = blk.range;
-  const ops::ScoreModifiers mods(p, blk.sequence, seq);
+  const auto mods = scores(p, blk.sequence, seq);
   const auto keys_of = [&](const auto& view) {
     return sequence_matrix(view, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
   };
@@ -317,9 +323,11 @@ std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, cons
 
 /// Runs the three passes under `exec`; returns the HBM traffic counted (zero unless Io counts).
 /// A bias gradient that broadcasts over sequences or K/V heads runs pass 2 in phases, one per
-/// sequence or head, so that each of its elements sums its shares in a fixed order.
-template <class Io, class T>
-IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, const Execution& exec) {
+/// sequence or head, so that each of its elements sums its shares in a fixed order. `scores`
+/// gives each item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
+template <class Io, class T, class Scores = ops::BuiltinScores>
+IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, const Execution& exec,
+                      const Scores& scores = {}) {
   BackwardState st(p, plan);
   const index_t workers = worker_count(exec);
   std::vector<Io> io(static_cast<std::size_t>(std::max<index_t>(workers, 1)));
@@ -341,8 +349,8 @@ IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, cons
       parallel_for_in_order(exec, work.size(), [&](index_t item, int worker) {
         try {
           auto t = BackwardTiles<tile_operand_t<T>>::carve(worker_scratch(plan.working_set_bytes), plan,
-                                                           p.head_dim(), p.head_dim_v(), p.softcap > 0);
-          backward_key_block(p, plan, work[item], st, t, io[static_cast<std::size_t>(worker)]);
+                                                           p.head_dim(), p.head_dim_v(), scores.has_slope(p.softcap));
+          backward_key_block(p, plan, work[item], st, t, scores, io[static_cast<std::size_t>(worker)]);
         } catch (...) {
           st.turns.abort();
           throw;

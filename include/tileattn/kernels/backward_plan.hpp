@@ -43,7 +43,7 @@ struct BackwardShape {
   index_t seqlen_q = 0;    // the longest sequence for variable-length batches
   index_t seqlen_k = 0;
   index_t kv_streams = 1;  // independent (sequence, K/V head) pairs: batch x heads_kv
-  bool softcap = false;    // the softcap's slope takes a tile of its own
+  bool softcap = false;    // the modified score's slope (softcap, a score_mod) takes a tile of its own
   TileOperands operands = TileOperands::fp32;
 
   index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }

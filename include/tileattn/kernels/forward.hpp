@@ -229,9 +229,9 @@ void scores(Tile<float>& s, const Tile<float>& q, const RowRefs<E>& k) { ops::ma
 /// tiles, with K and V as tiles (k_t, v) or read in place (RowRefs). A V tile with an Inf
 /// or NaN takes the row-by-row path that never multiplies it by the zero probability of a
 /// masked key; values_finite (-1: not yet known) is checked once per tile, after Q K^T.
-template <class Tiles, class KeyOperand, class ValueOperand, class Io>
+template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
 void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
-                     const ops::ScoreModifiers& mods, const ops::PackedRows& rows, index_t first_row, index_t col0,
+                     const Mods& mods, const ops::PackedRows& rows, index_t first_row, index_t col0,
                      int& values_finite, Io& io) {
   if (rows.count() == 0) return;
   const auto q = t.q.slice_rows(first_row, rows.count());
@@ -269,9 +269,9 @@ void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const
 
 /// Every packed row's work on one key tile, or, where the window hides some of them from
 /// this tile, each head's rows that see it (rows masked off are not computed).
-template <class Tiles, class KeyOperand, class ValueOperand, class Io>
+template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
 void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
-                         const ops::ScoreModifiers& mods, const ops::PackedRows& rows, index_t col0, index_t cols,
+                         const Mods& mods, const ops::PackedRows& rows, index_t col0, index_t cols,
                          Io& io) {
   int values_finite = -1;  // whether V holds no Inf or NaN: -1 until the first product asks
   const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
@@ -319,18 +319,20 @@ void start_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Til
 struct KeyRange {
   index_t col_begin, key_end;
 };
-inline KeyRange key_range(const QueryBlock& blk, const ops::ScoreModifiers& mods, index_t bc) {
+template <class Mods>
+KeyRange key_range(const QueryBlock& blk, const Mods& mods, index_t bc) {
   const ops::PackedRows& rows = blk.rows;
   const index_t key_end = std::min(blk.key_end, mods.window().end(rows.position0 + rows.positions - 1));
   const index_t key_first = std::max(blk.key_begin, mods.window().first(rows.position0));
   return {key_first / bc * bc, key_end};
 }
 
-/// A packed item: its queries, the key loop with K^T and V tiles, its output.
-template <class Kv, class T, class KV, class Tiles, class Io>
+/// A packed item: its queries, the key loop with K^T and V tiles, its output. `scores`
+/// gives the item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
+template <class Kv, class T, class KV, class Tiles, class Scores, class Io>
 void forward_query_block(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, Tiles& t,
-                         Io& io) {
-  const ops::ScoreModifiers mods(p, blk.sequence, blk.range);
+                         const Scores& scores, Io& io) {
+  const auto mods = scores(p, blk.sequence, blk.range);
   const auto k = Kv::matrix(p, p.k, blk);
   const auto v = Kv::matrix(p, p.v, blk);
   auto scales = item_scales<Kv>(p, blk);
@@ -387,13 +389,13 @@ void touch_head_rows(const RowRefs<KV>* rows, index_t heads, const void** order)
 /// tile, the rows of all heads streamed in together (touch_head_rows) and each head's
 /// products on them, then every head's output. Each head computes exactly what an item of
 /// its own would: the results are the same bits for any kv_heads.
-template <class Kv, class T, class KV, class Io>
+template <class Kv, class T, class KV, class Scores, class Io>
 void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk,
-                            ScratchArena& arena, Io& io) {
+                            ScratchArena& arena, const Scores& scores, Io& io) {
   using Src = decltype(Kv::matrix(p, p.k, blk));
   const index_t n = blk.kv_heads, bc = plan.key_tile_rows;
   assert(n >= 1 && n <= max_kv_heads_per_item);
-  const ops::ScoreModifiers mods(p, blk.sequence, blk.range);
+  const auto mods = scores(p, blk.sequence, blk.range);
   QueryBlock head_blk[max_kv_heads_per_item];
   InPlaceTiles<KV> t[max_kv_heads_per_item];
   RowRefs<KV> k_rows[max_kv_heads_per_item], v_rows[max_kv_heads_per_item];
@@ -412,15 +414,21 @@ void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan,
   const KeyRange keys = key_range(blk, mods, bc);
   for (index_t col0 = keys.col_begin; col0 < keys.key_end; col0 += bc) {
     const index_t cols = std::min(bc, keys.key_end - col0);
-    for (index_t h = 0; h < n; ++h) {
+    index_t active[max_kv_heads_per_item], heads = 0;  // the heads whose tile is not skipped (block mask)
+    for (index_t h = 0; h < n; ++h)
+      if (!mods.skips(head_blk[h].rows, col0, cols)) active[heads++] = h;
+    if (heads == 0) continue;
+    for (index_t a = 0; a < heads; ++a) {
+      const index_t h = active[a];
       load_row_refs(t[h].k_rows, k[h], col0, cols, io);            // (Bc) key rows per head
       load_row_refs(t[h].v_rows, v[h], col0, cols, io);            // (Bc) value rows per head
-      k_rows[h] = t[h].k_rows;
-      v_rows[h] = t[h].v_rows;
+      k_rows[a] = t[h].k_rows;
+      v_rows[a] = t[h].v_rows;
     }
-    touch_head_rows(k_rows, n, order);  // (a software prefetch of the next tile's rows
-    touch_head_rows(v_rows, n, order);  // here gained nothing: docs/paged.md)
-    for (index_t h = 0; h < n; ++h) {
+    touch_head_rows(k_rows, heads, order);  // (a software prefetch of the next tile's rows
+    touch_head_rows(v_rows, heads, order);  // here gained nothing: docs/paged.md)
+    for (index_t a = 0; a < heads; ++a) {
+      const index_t h = active[a];
       auto scales = item_scales<Kv>(p, head_blk[h]);
       const TileScalesRef tile_scales = scales.load(col0, cols, io);
       attend_visible_rows(t[h], t[h].k_rows, t[h].v_rows, tile_scales, mods, head_blk[h].rows, col0, cols, io);
@@ -430,11 +438,13 @@ void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan,
 }
 
 /// The key loop with K^T and V packed into SRAM tiles, the next tile's rows prefetched.
-template <class Op, class Src, class Scales, class Io>
-void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scales, const ops::ScoreModifiers& mods,
+/// Tiles the modifiers skip whole (a block mask's empty blocks) are never loaded.
+template <class Op, class Src, class Scales, class Mods, class Io>
+void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scales, const Mods& mods,
                    const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
   for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
     const index_t cols = std::min(bc, key_end - col0);
+    if (mods.skips(rows, col0, cols)) continue;
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
     load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
     const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
@@ -511,10 +521,11 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
 
 /// Runs every work item of `work` under `exec`, then the split sequences' merges; returns
 /// the HBM traffic counted (zero unless Io counts). Each worker's scratch holds exactly the
-/// plan's working set (planned for tile_operand_t<T>). Kv says where K and V live.
-template <class Io, class Kv = ContiguousKv, class T, class KV>
+/// plan's working set (planned for tile_operand_t<T>). Kv says where K and V live; `scores`
+/// gives each item's score modifiers.
+template <class Io, class Kv = ContiguousKv, class T, class KV, class Scores = ops::BuiltinScores>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
-                     const Execution& exec) {
+                     const Execution& exec, const Scores& scores = {}) {
   using Op = tile_operand_t<T>;
   const std::size_t in_place_bytes =
       in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
@@ -523,10 +534,10 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
     const QueryBlock blk = work[item];
     Io& counter = io[static_cast<std::size_t>(worker)];
     if (reads_kv_in_place(p, blk.range)) {
-      forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), counter);
+      forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
     } else {
       auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(), p.head_dim_v());
-      forward_query_block<Kv>(p, plan, blk, tiles, counter);
+      forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
     }
   });
   const auto merges = static_cast<index_t>(work.merges().size()) * p.heads();
@@ -550,9 +561,10 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
 }
 
 /// The same over the work list of an unsplit forward.
-template <class Io, class T, class KV>
-IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const Execution& exec) {
-  return run_forward<Io>(p, plan, ForwardWorkList(p, plan, {}, in_place_heads_per_item(p, plan)), exec);
+template <class Io, class T, class KV, class Scores = ops::BuiltinScores>
+IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const Execution& exec,
+                     const Scores& scores = {}) {
+  return run_forward<Io>(p, plan, ForwardWorkList(p, plan, {}, in_place_heads_per_item(p, plan)), exec, scores);
 }
 
 }  // namespace tileattn::kernels

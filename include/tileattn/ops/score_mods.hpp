@@ -115,27 +115,48 @@ class ScoreModifiers {
   float to_log2() const { return converts() ? 1.0f : to_log2_; }
 
   /// Applies every modifier to the raw scores s, whose columns are keys [col0, col0 +
-  /// s.cols()). The bias and mask elements read from main memory are reported to the IO
-  /// policy. With `softcap_slope` (the backward), a softcapped call also writes there the
-  /// derivative of the cap, 1 - tanh^2, per score.
+  /// s.cols()): apply_values, then apply_masks. The bias and mask elements read from main
+  /// memory are reported to the IO policy. With `softcap_slope` (the backward), a softcapped
+  /// call also writes there the derivative of the cap, 1 - tanh^2, per score.
   template <class ScoreTile, class Io>
   void apply(ScoreTile& s, const PackedRows& rows, index_t col0, Io& io,
              ScoreTile* softcap_slope = nullptr) const {
-    const auto elements = static_cast<std::uint64_t>(rows.count() * s.cols());
+    apply_values(s, rows, col0, io, softcap_slope);
+    apply_masks(s, rows, col0, io);
+  }
+
+  /// The modifiers that change values: softcap, bias, ALiBi (converting to log2 units).
+  template <class ScoreTile, class Io>
+  void apply_values(ScoreTile& s, const PackedRows& rows, index_t col0, Io& io,
+                    ScoreTile* softcap_slope = nullptr) const {
     if (softcap_ > 0) apply_softcap(s, softcap_slope);
     else if (converts()) scale(s, to_log2_);
     if (bias_.data) {
       apply_bias(s, rows, col0);
-      io.read(elements * sizeof(float));
+      io.read(static_cast<std::uint64_t>(rows.count() * s.cols()) * sizeof(float));
     }
     if (alibi_) apply_alibi(s, rows, col0);
+  }
+
+  /// The masks: the causal / sliding window and the boolean mask set hidden scores to -inf.
+  template <class ScoreTile, class Io>
+  void apply_masks(ScoreTile& s, const PackedRows& rows, index_t col0, Io& io) const {
     if (!window_.covers(rows.position0, rows.positions, col0, s.cols()))
       mask_outside_window(s, rows, col0, window_);
     if (mask_.data) {
       apply_mask(s, rows, col0);
-      io.read(elements * sizeof(bool));
+      io.read(static_cast<std::uint64_t>(rows.count() * s.cols()) * sizeof(bool));
     }
   }
+
+  /// Whether a tile of these rows and keys is known to be hidden whole (the key loops skip
+  /// it unloaded): never for the built-in modifiers, whose key ranges already leave out
+  /// what the window hides (FlexScores's block mask does skip tiles).
+  bool skips(const PackedRows&, index_t, index_t) const { return false; }
+  /// Whether the backward needs the derivative of the modified score (softcap).
+  bool has_slope() const { return softcap_ > 0; }
+  /// Whether apply_values leaves the tile in log2 units (else it stays raw).
+  bool converts_to_log2() const { return converts(); }
 
  private:
   static constexpr float log2e = std::numbers::log2e_v<float>;
@@ -203,6 +224,18 @@ class ScoreModifiers {
   ScoreBiasView bias_{};
   ScoreMaskView mask_{};
   const float* alibi_ = nullptr;  // slopes of this sequence, one per query head
+};
+
+/// The kernels' source of a work item's score modifiers when no user functor takes part:
+/// the built-in options of the params (FlexScores, ops/flex_scores.hpp, adds functors).
+struct BuiltinScores {
+  template <class P>
+  ScoreModifiers operator()(const P& p, index_t sequence, const SequenceRange& seq) const {
+    return ScoreModifiers(p, sequence, seq);
+  }
+  bool has_slope(float softcap) const { return softcap > 0; }
+  template <class P>
+  void check(const P&, index_t, index_t) const {}
 };
 
 }  // namespace tileattn::ops
