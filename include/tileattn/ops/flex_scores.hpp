@@ -44,14 +44,27 @@ class FlexModifiers {
   float to_log2() const { return modifies_scores_v<ScoreMod> ? 1.0f : builtin_.to_log2(); }
   bool has_slope() const { return builtin_.has_slope() || modifies_scores_v<ScoreMod>; }
 
-  /// True when every block the tile (rows x keys [col0, col0 + cols)) overlaps is empty.
+  /// True when the tile (rows x keys [col0, col0 + cols)) hides every score: each block it
+  /// overlaps is empty, or partial with the mask_mod hiding the tile's part of it (asked
+  /// before anything is loaded, stopping at the first visible score: a causal diagonal
+  /// block's hidden corner tiles are skipped as empty blocks are). Never without a block mask.
   bool skips(const PackedRows& rows, index_t col0, index_t cols) const {
     if (!blocks_ || cols <= 0) return false;
-    bool all_empty = true;
+    bool full = false, partial = false;
     for_blocks(rows, col0, cols, [&](index_t, index_t, index_t, index_t, index_t, BlockKind k) {
-      all_empty = all_empty && k == BlockKind::empty;
+      full = full || k == BlockKind::full;
+      partial = partial || k == BlockKind::partial;
     });
-    return all_empty;
+    if (full || (partial && !masks_scores_v<MaskMod>)) return false;
+    if (!partial) return true;
+    bool visible = false;
+    for_blocks(rows, col0, cols, [&](index_t, index_t r0, index_t r1, index_t c0, index_t c1, BlockKind k) {
+      if (visible || k != BlockKind::partial) return;
+      for (index_t r = r0; r < r1 && !visible; ++r)
+        for (index_t j = c0; j < c1 && !visible; ++j)
+          visible = (*mask_mod_)(sequence_, rows.head(r), rows.position(r), col0 + j);
+    });
+    return !visible;
   }
 
   /// Every modifier on the raw scores s (keys [col0, col0 + s.cols())); with `slope` (the
