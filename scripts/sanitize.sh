@@ -27,10 +27,11 @@ parts=("${@:-asan tsan fuzz}")
 read -r -a parts <<< "${parts[*]}"
 llvm_lib=/usr/lib/llvm-14/lib
 common=(-DTILEATTN_BUILD_BENCHMARKS=OFF -DTILEATTN_INSTALL=OFF --log-level=NOTICE)
+linked=(-DTILEATTN_BUILD_INSTANTIATIONS=ON)  # kernels compiled once for every test (tests/CMakeLists.txt)
 
 run_asan() {
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer (g++)"
-  cmake -S . -B build-asan "${common[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+  cmake -S . -B build-asan "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=g++ -DTILEATTN_BUILD_EXAMPLES=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
   cmake --build build-asan -j"$jobs"
@@ -43,7 +44,7 @@ run_asan() {
 
 run_tsan() {
   echo "== ThreadSanitizer (clang, libomp + Archer; serial and OpenMP backends)"
-  cmake -S . -B build-tsan "${common[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+  cmake -S . -B build-tsan "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_TBB=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=thread"
   local targets=(backend_parallel_for_test backend_tsan_canary variants_combinations_test
