@@ -267,23 +267,35 @@ void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const
   }
 }
 
-/// Every packed row's work on one key tile, or, where the window hides some of them from
-/// this tile, each head's rows that see it (rows masked off are not computed).
+/// Every packed row's work on one key tile, or, where the window (or a block mask's empty
+/// blocks) hides some of them from this tile, each head's runs of rows that see it (rows
+/// masked off are not computed).
 template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
 void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
                          const Mods& mods, const ops::PackedRows& rows, index_t col0, index_t cols,
                          Io& io) {
   int values_finite = -1;  // whether V holds no Inf or NaN: -1 until the first product asks
   const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
-  if (hi - lo == rows.positions) {
+  const index_t end = rows.position0 + rows.positions;
+  bool whole = true;  // every head's visible rows are all its rows: one product for all heads
+  for (index_t g = 0; g < rows.heads && whole; ++g) {
+    index_t runs = 0;
+    mods.for_row_runs(rows.head0 + g, lo, hi, col0, cols, [&](index_t a, index_t b) {
+      whole = whole && a == rows.position0 && b == end;
+      ++runs;
+    });
+    whole = whole && runs == 1;
+  }
+  if (whole) {
     attend_key_tile(t, k, v, scales, mods, rows, 0, col0, values_finite, io);
     return;
   }
   for (index_t g = 0; g < rows.heads; ++g)
-    attend_key_tile(t, k, v, scales, mods, {rows.head0 + g, 1, lo, hi - lo},
-                    g * rows.positions + lo - rows.position0, col0, values_finite, io);
+    mods.for_row_runs(rows.head0 + g, lo, hi, col0, cols, [&](index_t a, index_t b) {
+      attend_key_tile(t, k, v, scales, mods, {rows.head0 + g, 1, a, b - a},
+                      g * rows.positions + a - rows.position0, col0, values_finite, io);
+    });
 }
-
 
 /// The scales of an item's K and V (8-bit K/V; nothing otherwise).
 template <class Kv, class T, class KV>
@@ -564,7 +576,8 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
 template <class Io, class T, class KV, class Scores = ops::BuiltinScores>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const Execution& exec,
                      const Scores& scores = {}) {
-  return run_forward<Io>(p, plan, ForwardWorkList(p, plan, {}, in_place_heads_per_item(p, plan)), exec, scores);
+  return run_forward<Io>(p, plan, ForwardWorkList(p, plan, {}, in_place_heads_per_item(p, plan), scores), exec,
+                         scores);
 }
 
 }  // namespace tileattn::kernels

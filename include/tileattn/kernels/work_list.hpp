@@ -66,16 +66,17 @@ struct Merge {
 class ForwardWorkList {
  public:
   /// kv_heads_per_item divides heads_kv; > 1 only when each tile holds a whole group.
-  template <class T, class KV>
+  /// `scores` (the kernel's score-modifier source) refines each tile's work estimate.
+  template <class T, class KV, class Scores = ops::BuiltinScores>
   ForwardWorkList(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split = {},
-                  index_t kv_heads_per_item = 1)
+                  index_t kv_heads_per_item = 1, const Scores& scores = {})
       : heads_kv_(p.heads_kv()),
         group_(p.group_size()),
         heads_per_tile_(plan.heads_per_tile),
         chunks_((group_ + heads_per_tile_ - 1) / heads_per_tile_),
         kv_heads_per_item_(chunks_ == 1 ? kv_heads_per_item : 1),
         kv_groups_(heads_kv_ / kv_heads_per_item_) {
-    for (index_t b = 0; b < p.batch(); ++b) add_sequence(p, plan, split, b);
+    for (index_t b = 0; b < p.batch(); ++b) add_sequence(p, plan, split, b, scores);
     std::stable_sort(tiles_.begin(), tiles_.end(),
                      [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
   }
@@ -106,8 +107,9 @@ class ForwardWorkList {
     index_t key_begin, key_end, partial;
   };
 
-  template <class T, class KV>
-  void add_sequence(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split, index_t b) {
+  template <class T, class KV, class Scores>
+  void add_sequence(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split, index_t b,
+                    const Scores& scores) {
     const SequenceRange seq = p.sequence(b);
     const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
     const bool split_keys = split.splits(seq.q_len, group_, seq.k_len);
@@ -122,7 +124,8 @@ class ForwardWorkList {
       for (index_t row0 = 0; row0 < seq.q_len; row0 += plan.query_tile_rows) {
         const index_t rows = std::min(plan.query_tile_rows, seq.q_len - row0);
         const index_t first = std::max(begin, window.first(row0));
-        const index_t keys = std::max<index_t>(0, std::min(end, window.end(row0 + rows - 1)) - first);
+        const index_t keys = scores.estimate_keys(
+            b, row0, rows, first, std::max<index_t>(0, std::min(end, window.end(row0 + rows - 1)) - first));
         tiles_.push_back({b, seq, row0, rows, keys, begin, end, partial});
       }
     }

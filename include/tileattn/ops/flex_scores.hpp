@@ -67,6 +67,35 @@ class FlexModifiers {
     return !visible;
   }
 
+  /// Calls f(lo, hi) for each run [lo, hi) of the positions [p_lo, p_hi) of `head` whose
+  /// query blocks are not all empty over keys [col0, col0 + cols): the rows a key tile is
+  /// computed for, at block granularity (as the window narrows rows exactly). A query tile
+  /// spans several query blocks; without this a block-sparse key tile would be computed for
+  /// all its rows whenever one block under it is not empty. Without a block mask: f(p_lo, p_hi).
+  template <class F>
+  void for_row_runs(index_t head, index_t p_lo, index_t p_hi, index_t col0, index_t cols, F&& f) const {
+    if (p_lo >= p_hi) return;
+    if (!blocks_) {
+      f(p_lo, p_hi);
+      return;
+    }
+    const BlockKinds& k = *blocks_;
+    index_t run = -1;  // first position of the open run; -1: none open
+    for (index_t qb = p_lo / k.block.q; qb * k.block.q < p_hi; ++qb) {
+      const index_t q0 = std::max(p_lo, qb * k.block.q);
+      bool any = false;
+      for (index_t kb = col0 / k.block.kv; kb * k.block.kv < col0 + cols && !any; ++kb)
+        any = k(sequence_, head, qb, kb) != BlockKind::empty;
+      if (any && run < 0) {
+        run = q0;
+      } else if (!any && run >= 0) {
+        f(run, q0);
+        run = -1;
+      }
+    }
+    if (run >= 0) f(run, p_hi);
+  }
+
   /// Every modifier on the raw scores s (keys [col0, col0 + s.cols())); with `slope` (the
   /// backward), the derivative of the modified score by softmax_scale * q.k.
   template <class ScoreTile, class Io>
@@ -182,6 +211,24 @@ struct FlexScores {
     return {ScoreModifiers(p, sequence, seq), *score_mod, *mask_mod, blocks, sequence, p.softmax_scale};
   }
   bool has_slope(float softcap) const { return softcap > 0 || modifies_scores_v<ScoreMod>; }
+
+  /// A query tile's work estimate (ForwardWorkList, which runs the costliest tiles first):
+  /// of the `window_keys` keys from `first` the window leaves rows [row0, row0 + rows) of
+  /// sequence b, those in key blocks some head's query blocks there do not leave empty.
+  index_t estimate_keys(index_t b, index_t row0, index_t rows, index_t first, index_t window_keys) const {
+    if (!blocks || window_keys <= 0 || rows <= 0) return window_keys;
+    const BlockKinds& k = *blocks;
+    const index_t end = first + window_keys;
+    index_t keys = 0;
+    for (index_t kb = first / k.block.kv; kb * k.block.kv < end; ++kb) {
+      bool seen = false;
+      for (index_t h = 0; h < k.heads && !seen; ++h)
+        for (index_t qb = row0 / k.block.q; qb * k.block.q < row0 + rows && !seen; ++qb)
+          seen = k(b, h, qb, kb) != BlockKind::empty;
+      if (seen) keys += std::min(end, (kb + 1) * k.block.kv) - std::max(first, kb * k.block.kv);
+    }
+    return keys;
+  }
 
   /// The block mask must cover the call: batch and heads (or 1), the longest sequences
   /// exactly; the backward cannot give dbias through a score_mod.

@@ -153,6 +153,12 @@ class ScoreModifiers {
   /// it unloaded): never for the built-in modifiers, whose key ranges already leave out
   /// what the window hides (FlexScores's block mask does skip tiles).
   bool skips(const PackedRows&, index_t, index_t) const { return false; }
+  /// Calls f(lo, hi) for each run of the positions [p_lo, p_hi) of `head` that a key tile
+  /// [col0, col0 + cols) must be computed for: here the one run the window leaves.
+  template <class F>
+  void for_row_runs(index_t, index_t p_lo, index_t p_hi, index_t, index_t, F&& f) const {
+    if (p_lo < p_hi) f(p_lo, p_hi);
+  }
   /// Whether the backward needs the derivative of the modified score (softcap).
   bool has_slope() const { return softcap_ > 0; }
   /// Whether apply_values leaves the tile in log2 units (else it stays raw).
@@ -236,6 +242,8 @@ struct BuiltinScores {
   bool has_slope(float softcap) const { return softcap > 0; }
   template <class P>
   void check(const P&, index_t, index_t) const {}
+  /// A query tile's work estimate (ForwardWorkList): the keys the window leaves it.
+  index_t estimate_keys(index_t, index_t, index_t, index_t, index_t window_keys) const { return window_keys; }
 };
 
 }  // namespace tileattn::ops
