@@ -140,9 +140,11 @@ class FlexModifiers {
       for (index_t j = 0; j < s.cols(); ++j) {
         const float x = row[j] * to_natural_;
         row[j] = static_cast<float>((*score_mod_)(x, sequence_, h, i, col0 + j)) * log2e;
-        if (slope) {
-          const auto d = static_cast<float>(score_mod_->grad(x, sequence_, h, i, col0 + j));
-          (*slope)(r, j) = chained ? (*slope)(r, j) * d : d;
+        if constexpr (score_mod_with_grad<ScoreMod>) {  // the forward takes score_mods without one
+          if (slope) {
+            const auto d = static_cast<float>(score_mod_->grad(x, sequence_, h, i, col0 + j));
+            (*slope)(r, j) = chained ? (*slope)(r, j) * d : d;
+          }
         }
       }
     }
