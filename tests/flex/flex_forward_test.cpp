@@ -350,14 +350,12 @@ TEST(FlexForwardScoreMods, CustomWithGrad) {
 }
 
 // A score_mod that returns -inf hides the score: the causal mask written as a score_mod, and
-// a row (5) every score of which it hides. (Given with a derivative: flex_forward does not
-// compile a score_mod without a member grad, although it asks only for score_mod_function;
-// see the report of the commit that added this file.)
+// a row (5) every score of which it hides. A plain lambda, with no derivative: the forward
+// needs none (compile_fail/compiles.cpp checks the same at compile time).
 TEST(FlexForwardScoreMods, MinusInfinityHidesTheScore) {
-  const flex::with_grad hide{[](auto s, index_t, index_t, index_t i, index_t j) {
-                               return j > i || i == 5 ? -std::numeric_limits<decltype(s)>::infinity() : s;
-                             },
-                             [](auto s, index_t, index_t, index_t, index_t) { return decltype(s)(1); }};
+  const auto hide = [](auto s, index_t, index_t, index_t i, index_t j) {
+    return j > i || i == 5 ? -std::numeric_limits<decltype(s)>::infinity() : s;
+  };
   check_forward("causal as a score_mod", {1, 127, 300, 2, 2, 32, 32}, 33, hide, flex::no_mask{}, NoBlocks{});
   check_forward("17 x 17", {1, 17, 17, 2, 2, 16, 16}, 34, hide, flex::no_mask{}, NoBlocks{});
 }
@@ -938,6 +936,61 @@ TEST(FlexForwardNonFinite, NonFiniteKeysThatTheMaskHidesReachNothing) {
     EXPECT_TRUE(nan_rows(p).empty());
   }
 }
+
+
+// ---- 8-bit K/V -----------------------------------------------------------------------------------
+
+/// int8 and fp8 K/V with power-of-two scales per (sequence, K/V head) give the bits of the
+/// flex forward over the dequantized K/V in float (as forward() does: QuantizedForward in
+/// tests/paged/quantized_kv_test.cpp), on the packed path (40 queries) and the in-place one
+/// (3 queries, decode-shaped), GQA, with a block mask and a score_mod.
+template <class Q8>
+void check_8bit_kv_bitwise_as_float() {
+  for (const index_t n : {index_t{40}, index_t{3}}) {
+    const index_t B = 2, nk = 300, H = 4, Hkv = 2, d = 32;
+    const auto q = normal_values(static_cast<std::size_t>(B * n * H * d), 70);
+    const auto k_values = normal_values(static_cast<std::size_t>(B * nk * Hkv * d), 71);
+    const auto v_values = normal_values(static_cast<std::size_t>(B * nk * Hkv * d), 72);
+    std::vector<float> scales_k(static_cast<std::size_t>(B * Hkv)), scales_v(scales_k.size());
+    for (std::size_t i = 0; i < scales_k.size(); ++i) {
+      scales_k[i] = std::ldexp(1.0f, -5 + static_cast<int>(i % 3));
+      scales_v[i] = std::ldexp(1.0f, -4 - static_cast<int>(i % 2));
+    }
+    std::vector<Q8> k8(k_values.size()), v8(v_values.size());
+    std::vector<float> kd(k_values.size()), vd(v_values.size());
+    for (std::size_t i = 0; i < k8.size(); ++i) {
+      const std::size_t bh = (i / static_cast<std::size_t>(nk * Hkv * d)) * static_cast<std::size_t>(Hkv) +
+                             (i / static_cast<std::size_t>(d)) % static_cast<std::size_t>(Hkv);
+      k8[i] = quantize<Q8>(k_values[i], scales_k[bh]);
+      v8[i] = quantize<Q8>(v_values[i], scales_v[bh]);
+      kd[i] = dequantize(k8[i], scales_k[bh]);
+      vd[i] = dequantize(v8[i], scales_v[bh]);
+    }
+    const auto ids = document_ids(nk, 73, 70);
+    const auto q_ids = std::vector<std::int32_t>(ids.end() - n, ids.end());  // the last n positions' documents
+    const auto table = normal_values(static_cast<std::size_t>(H * 21), 74);
+    const flex::relative_bias bias{table, 10};
+    const flex::document mask{q_ids, ids};
+    const auto blocks = create_block_mask(mask, 1, 1, n, nk, {16, 32});
+    ForwardOptions opts;
+    opts.k_scale = {scales_k.data(), {B, Hkv}, {Hkv, 1}};
+    opts.v_scale = {scales_v.data(), {B, Hkv}, {Hkv, 1}};
+    std::vector<float> o8(static_cast<std::size_t>(B * n * H * d), -7.0f), o32(o8.size(), -7.0f);
+    std::vector<float> lse8(static_cast<std::size_t>(B * H * n)), lse32(lse8.size());
+    flex_forward(make_bshd(q.data(), B, n, H, d), make_bshd(k8.data(), B, nk, Hkv, d),
+                 make_bshd(v8.data(), B, nk, Hkv, d), make_bshd(o8.data(), B, n, H, d),
+                 make_lse(lse8.data(), B, H, n), bias, blocks, opts);
+    flex_forward(make_bshd(q.data(), B, n, H, d), make_bshd(kd.data(), B, nk, Hkv, d),
+                 make_bshd(vd.data(), B, nk, Hkv, d), make_bshd(o32.data(), B, n, H, d),
+                 make_lse(lse32.data(), B, H, n), bias, blocks);
+    EXPECT_TRUE(bitwise_equal(o8, o32)) << "N " << n;
+    EXPECT_TRUE(bitwise_equal(lse8, lse32)) << "N " << n;
+    EXPECT_EQ(std::count(o8.begin(), o8.end(), -7.0f), 0) << "N " << n;
+  }
+}
+
+TEST(FlexForward8BitKv, Int8PowerOfTwoScalesBitwiseAsFloatKv) { check_8bit_kv_bitwise_as_float<std::int8_t>(); }
+TEST(FlexForward8BitKv, E4m3PowerOfTwoScalesBitwiseAsFloatKv) { check_8bit_kv_bitwise_as_float<fp8_e4m3>(); }
 
 }  // namespace
 }  // namespace tileattn::test
