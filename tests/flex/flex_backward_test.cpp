@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "support/flex_support.hpp"
 #include "reference/naive_flex.hpp"
 #include "support/backward_support.hpp"
 
@@ -33,34 +34,6 @@ namespace tileattn::test {
 namespace {
 
 constexpr float nan_value = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> normal_values(std::size_t n, std::uint64_t seed, float sd = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sd);
-  std::vector<float> out(n);
-  for (float& x : out) x = normal(rng);
-  return out;
-}
-
-std::vector<std::int32_t> document_ids(index_t n, std::uint64_t seed, index_t max_len) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids;
-  std::int32_t doc = 0;
-  while (static_cast<index_t>(ids.size()) < n) {
-    const auto len = static_cast<index_t>(1 + rng() % static_cast<std::uint64_t>(max_len));
-    for (index_t i = 0; i < len && static_cast<index_t>(ids.size()) < n; ++i) ids.push_back(doc);
-    ++doc;
-  }
-  return ids;
-}
-
-std::vector<std::uint8_t> random_layout(index_t n, double density, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::bernoulli_distribution set(density);
-  std::vector<std::uint8_t> layout(static_cast<std::size_t>(n));
-  for (auto& x : layout) x = set(rng) ? 1 : 0;
-  return layout;
-}
 
 const auto wavy = flex::with_grad{[](auto s, index_t, index_t h, index_t i, index_t j) {
                                     using S = decltype(s);

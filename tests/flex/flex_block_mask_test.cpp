@@ -17,30 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "support/flex_support.hpp"
 #include "tileattn/tileattn.hpp"
 
 namespace tileattn {
 namespace {
 
-std::vector<std::int32_t> document_ids(index_t n, std::uint64_t seed, index_t max_len) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids;
-  std::int32_t doc = 0;
-  while (static_cast<index_t>(ids.size()) < n) {
-    const auto len = static_cast<index_t>(1 + rng() % static_cast<std::uint64_t>(max_len));
-    for (index_t i = 0; i < len && static_cast<index_t>(ids.size()) < n; ++i) ids.push_back(doc);
-    ++doc;
-  }
-  return ids;
-}
-
-std::vector<std::uint8_t> random_layout(index_t n, double density, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::bernoulli_distribution set(density);
-  std::vector<std::uint8_t> layout(static_cast<std::size_t>(n));
-  for (auto& x : layout) x = set(rng) ? 1 : 0;
-  return layout;
-}
+using test::document_ids;
+using test::random_layout;
 
 const char* name(BlockKind k) { return k == BlockKind::empty ? "empty" : k == BlockKind::full ? "full" : "partial"; }
 

@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "support/flex_support.hpp"
 #include "reference/naive_flex.hpp"
 #include "support/backward_support.hpp"
 
@@ -41,27 +42,6 @@ constexpr float inf = std::numeric_limits<float>::infinity();
 constexpr float nan_value = std::numeric_limits<float>::quiet_NaN();
 
 // ---- Inputs of the mods -----------------------------------------------------------------------
-
-std::vector<float> normal_values(std::size_t n, std::uint64_t seed, float sd = 1.0f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, sd);
-  std::vector<float> out(n);
-  for (float& x : out) x = normal(rng);
-  return out;
-}
-
-/// Document ids of n positions: consecutive documents of 1 to max_len positions.
-std::vector<std::int32_t> document_ids(index_t n, std::uint64_t seed, index_t max_len) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> ids;
-  std::int32_t doc = 0;
-  while (static_cast<index_t>(ids.size()) < n) {
-    const auto len = static_cast<index_t>(1 + rng() % static_cast<std::uint64_t>(max_len));
-    for (index_t i = 0; i < len && static_cast<index_t>(ids.size()) < n; ++i) ids.push_back(doc);
-    ++doc;
-  }
-  return ids;
-}
 
 /// A q_blocks x kv_blocks layout with about `density` of its blocks set.
 std::vector<std::uint8_t> random_layout(index_t q_blocks, index_t kv_blocks, double density, std::uint64_t seed) {
