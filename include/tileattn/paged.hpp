@@ -111,7 +111,8 @@ template <class T, class KV>
 PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedOptions& options) {
   PagedPlan::Signature s;
   s.shape = {p.batch(), p.heads(), p.heads_kv(), p.head_dim(), p.head_dim_v(), p.k.shape[dim::seqlen],
-             p.causal, static_cast<index_t>(p.alignment), p.window_left, p.window_right,
+             p.causal, static_cast<index_t>(p.alignment), p.diagonal_offset.has_value(),
+             p.diagonal_offset.value_or(0), p.window_left, p.window_right,
              static_cast<index_t>(effective_sram_budget(options)), options.num_splits,
              static_cast<index_t>(kernels::tile_operands_v<kernels::tile_operand_t<T>>)};
   for (index_t b = 0; b < p.batch(); ++b) {

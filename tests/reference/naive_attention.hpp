@@ -73,7 +73,7 @@ AttentionResult attention(const TensorView<const T>& q, const TensorView<const T
   r.head_dim = v.shape[3];
   const index_t nq = r.seqlen_q, nk = k.shape[1], d = q.shape[3], dv = v.shape[3];
   const index_t group = r.heads / k.shape[2];
-  const index_t offset = opt.alignment == MaskAlignment::bottom_right ? nk - nq : 0;
+  const index_t offset = opt.diagonal(nq, nk);
   const index_t right = opt.causal ? 0 : opt.window_right, left = opt.window_left;
   const double scale = opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
   const double neg_inf = -std::numeric_limits<double>::infinity();

@@ -134,7 +134,7 @@ BackwardResult attention_backward(const TensorView<const T>& q, const TensorView
   detail::shape_grads(r, q, k, v, opt);
   const index_t nq = r.seqlen_q, nk = r.seqlen_k, d = r.head_dim, dv = r.head_dim_v, H = r.heads;
   const index_t group = H / r.heads_kv;
-  const index_t offset = opt.alignment == MaskAlignment::bottom_right ? nk - nq : 0;
+  const index_t offset = opt.diagonal(nq, nk);
   const index_t right = opt.causal ? 0 : opt.window_right, left = opt.window_left;
   const double scale = opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(d)));
   const double cap = opt.softcap;
@@ -292,7 +292,7 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
   detail::shape_grads(r, q, k, v, opt);
   const index_t B = r.batch, nq = r.seqlen_q, nk = r.seqlen_k, d = r.head_dim, dv = r.head_dim_v, H = r.heads;
   const index_t group = H / r.heads_kv;
-  const index_t offset = opt.alignment == MaskAlignment::bottom_right ? nk - nq : 0;
+  const index_t offset = opt.diagonal(nq, nk);
   const index_t right = opt.causal ? 0 : opt.window_right, left = opt.window_left;
   const auto scale = static_cast<float>(opt.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(d))));
   const float cap = opt.softcap;

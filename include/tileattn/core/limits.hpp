@@ -20,6 +20,10 @@ inline constexpr int max_threads = 1024;
 /// far above any cache; each worker allocates only its plan's working set.
 inline constexpr std::size_t max_sram_budget_bytes = std::size_t{1} << 30;
 
+/// The largest |ScoreOptions::diagonal_offset|: 2^48 positions, so that no position plus
+/// an offset and a window side overflows index_t.
+inline constexpr index_t max_diagonal_offset = index_t{1} << 48;
+
 /// The kernels compute softmax exponents in log2 units, so a value x in natural-log units
 /// (softmax_scale, sinks, ALiBi slopes times a distance, bias entries) becomes
 /// x * log2(e): |x| must stay below this for that to be a finite float (about 2.36e38).

@@ -33,9 +33,15 @@ using ScoreMaskView = StridedView<const bool, 4>;  // true: the query attends to
 /// set), ForwardParams (what kernels read) and the test reference all hold exactly these.
 struct ScoreOptions {
   /// Causal mask: query i sees key j iff j <= i + offset, offset = seqlen_k - seqlen_q
-  /// (bottom_right, the default) or 0 (top_left). Same as window_right = 0.
+  /// (bottom_right, the default), 0 (top_left) or diagonal_offset when set (below). Same as
+  /// window_right = 0.
   bool causal = false;
   MaskAlignment alignment = MaskAlignment::bottom_right;
+  /// When set, replaces `alignment`: query i is aligned with key i + diagonal_offset. For
+  /// query and key blocks cut from one longer sequence, the offset is the key block's start
+  /// minus the query block's in reverse (q_start - k_start): causal, window and ALiBi then
+  /// see global positions (distributed/ring.hpp's chunk pairs). |offset| <= max_diagonal_offset.
+  std::optional<index_t> diagonal_offset{};
   /// Sliding window: query i sees keys j with i + offset - window_left <= j <=
   /// i + offset + window_right; -1 means unbounded on that side (FlashAttention's window_size).
   index_t window_left = -1;
@@ -51,6 +57,13 @@ struct ScoreOptions {
   /// Optional additive bias (added after masking) and boolean mask; data == nullptr: none.
   ScoreBiasView bias{};
   ScoreMaskView mask{};
+
+  /// The diagonal's offset for q_len queries and k_len keys: query i is aligned with key
+  /// i + diagonal(q_len, k_len).
+  index_t diagonal(index_t q_len, index_t k_len) const {
+    if (diagonal_offset) return *diagonal_offset;
+    return alignment == MaskAlignment::bottom_right ? k_len - q_len : 0;
+  }
 };
 
 /// Dequantization scales of 8-bit K or V (core/quantized_types.hpp): the value of a stored
@@ -161,9 +174,7 @@ struct ForwardParams : ScoreOptions {
   }
 
   /// The diagonal's offset: query i is aligned with key i + mask_offset(s).
-  index_t mask_offset(const SequenceRange& s) const {
-    return alignment == MaskAlignment::bottom_right ? s.k_len - s.q_len : 0;
-  }
+  index_t mask_offset(const SequenceRange& s) const { return diagonal(s.q_len, s.k_len); }
   /// Causal is the window's right edge at 0, whatever window_right says (as FlashAttention).
   index_t effective_window_right() const { return causal ? 0 : window_right; }
 };

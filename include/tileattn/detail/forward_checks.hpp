@@ -106,6 +106,11 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
           "softmax_scale",
           "must be finite, > 0 and at most " + std::to_string(max_log) +
               " (scale * log2(e) must be a finite float), got " + std::to_string(p.softmax_scale));
+  if (p.diagonal_offset) {
+    const index_t off = *p.diagonal_offset;
+    TILEATTN_REQUIRE(off >= -max_diagonal_offset && off <= max_diagonal_offset, "diagonal_offset",
+            "must be within +-" + std::to_string(max_diagonal_offset) + " (2^48), got " + std::to_string(off));
+  }
   TILEATTN_REQUIRE(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
   TILEATTN_REQUIRE(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
   TILEATTN_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.0f && p.softcap <= max_log, "softcap",
@@ -116,7 +121,8 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
     TILEATTN_REQUIRE(n == p.heads() || n == batch * p.heads(), "alibi_slopes",
             "needs heads_q = " + std::to_string(p.heads()) + " or batch * heads_q = " +
                 std::to_string(batch * p.heads()) + " entries, got " + std::to_string(n));
-    const double distance = static_cast<double>(seqlen_q + seqlen_k);  // above any |i + offset - j|
+    const double distance = static_cast<double>(seqlen_q + seqlen_k) +  // above any |i + offset - j|
+                            std::abs(static_cast<double>(p.diagonal(seqlen_q, seqlen_k)));
     check_values(p.alibi_slopes, "alibi_slopes", false, max_log / 4 / std::max(distance, 1.0),
                  "|slope| * (seqlen_q + seqlen_k) must stay below " + std::to_string(max_log / 4));
   }

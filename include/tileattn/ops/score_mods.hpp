@@ -31,12 +31,14 @@ struct KeyWindow {
   index_t k_len = 0;
 
   /// The window of sequence `seq` under params p (alignment, window, causal). A side at
-  /// least q_len + k_len wide is unbounded: no distance i + offset - j reaches it, and the
-  /// positions below never overflow.
+  /// least q_len + k_len + |offset| wide is unbounded: no distance i + offset - j reaches
+  /// it, and the positions below never overflow.
   template <class T, class KV>
   static KeyWindow of(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
-    const auto bound = [&](index_t side) { return side >= seq.q_len + seq.k_len ? -1 : side; };
-    return {p.mask_offset(seq), bound(p.window_left), bound(p.effective_window_right()), seq.k_len};
+    const index_t offset = p.mask_offset(seq);
+    const index_t reach = seq.q_len + seq.k_len + (offset < 0 ? -offset : offset);
+    const auto bound = [&](index_t side) { return side >= reach ? -1 : side; };
+    return {offset, bound(p.window_left), bound(p.effective_window_right()), seq.k_len};
   }
 
   index_t first(index_t i) const {
