@@ -3,7 +3,8 @@
 # Included by the top-level CMakeLists.txt when TILEATTN_INSTALL is ON. Installs the headers,
 # the exported INTERFACE target tileattn::tileattn, tileattnConfig.cmake and its version file.
 # The config re-finds OpenMP and oneTBB only when this build enabled them, because the
-# exported target links OpenMP::OpenMP_CXX and TBB::tbb (and defines TILEATTN_HAS_TBB=1) then.
+# exported target links OpenMP::OpenMP_CXX and TBB::tbb (and defines TILEATTN_HAS_TBB=1) then;
+# and MPI when TILEATTN_WITH_MPI exported tileattn::distributed, which links MPI::MPI_C.
 
 include(CMakePackageConfigHelpers)
 
@@ -19,6 +20,9 @@ if(TILEATTN_BUILD_INSTANTIATIONS)
   install(TARGETS tileattn_instantiations EXPORT tileattnTargets
           ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
 endif()
+if(TILEATTN_WITH_MPI)
+  install(TARGETS tileattn_distributed EXPORT tileattnTargets)
+endif()
 install(EXPORT tileattnTargets
         NAMESPACE tileattn::
         FILE tileattnTargets.cmake
@@ -29,6 +33,11 @@ if(TILEATTN_WITH_OPENMP)
   set(TILEATTN_CONFIG_WITH_OPENMP ON)
 else()
   set(TILEATTN_CONFIG_WITH_OPENMP OFF)
+endif()
+if(TILEATTN_WITH_MPI)
+  set(TILEATTN_CONFIG_WITH_MPI ON)
+else()
+  set(TILEATTN_CONFIG_WITH_MPI OFF)
 endif()
 if(TILEATTN_WITH_TBB)
   set(TILEATTN_CONFIG_WITH_TBB ON)

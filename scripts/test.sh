@@ -14,6 +14,7 @@ cmake -S . -B build-tests --log-level=NOTICE \
   -DTILEATTN_BUILD_TESTS=ON \
   -DTILEATTN_BUILD_EXAMPLES=ON \
   -DTILEATTN_BUILD_BENCHMARKS=ON \
-  -DTILEATTN_BUILD_INSTANTIATIONS=ON
+  -DTILEATTN_BUILD_INSTANTIATIONS=ON \
+  -DTILEATTN_WITH_MPI=ON
 cmake --build build-tests -j"$jobs"
 ctest --test-dir build-tests --output-on-failure -j"$jobs"

@@ -69,15 +69,36 @@ void check_saved_lse(const StridedView<const float, R>& lse,
   check_lse(StridedView<float, R>{const_cast<float*>(lse.data), lse.shape, lse.stride}, want, names);  // only read
 }
 
+/// The checks both entry points share once the params are built.
+template <class T>
+void check_backward_params(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
+                           const BackwardOptions& options) {
+  check_options(p, p.batch(), max_seqlen_q, max_seqlen_k, options.execution);
+  check_budget(options);
+  check_extra_gradients(p);
+  check_backward_aliasing(p);
+}
+
+/// Every check backward() makes of its arguments, and the params they give (also how
+/// distributed/ring.hpp validates a rank's shard before any transfer).
+template <class T>
+BackwardParams<T> checked_backward_params(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                                          TensorView<const T> o, SavedLseView lse, TensorView<const T> dout,
+                                          TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
+                                          const BackwardOptions& options) {
+  check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
+  check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+  const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
+  check_backward_params(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options);
+  return p;
+}
+
 /// The checks both entry points share once the params are built, then the run with the
 /// score modifiers of `scores` (ops::BuiltinScores, or flex.hpp's).
 template <class T, class Scores>
 void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
                             const BackwardOptions& options, const Scores& scores) {
-  check_options(p, p.batch(), max_seqlen_q, max_seqlen_k, options.execution);
-  check_budget(options);
-  check_extra_gradients(p);
-  check_backward_aliasing(p);
+  check_backward_params(p, max_seqlen_q, max_seqlen_k, options);
   scores.check(p, max_seqlen_q, max_seqlen_k);
   const BackwardPlan plan =
       plan_backward(backward_shape(p, max_seqlen_q, max_seqlen_k, scores.has_slope(p.softcap)), options);

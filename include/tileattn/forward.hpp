@@ -135,11 +135,11 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
   return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
 }
 
-/// forward() with the score modifiers of `scores` (ops::BuiltinScores: the options'; flex.hpp:
-/// a score_mod and mask_mod besides).
-template <class T, class KV, class Scores>
-void forward_scored(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
-                    LseView lse, const ForwardOptions& options, const Scores& scores) {
+/// Every check forward() makes of its arguments, and the params they give (also how
+/// distributed/ring.hpp validates a rank's shard before any transfer).
+template <class T, class KV>
+ForwardParams<T, KV> checked_params(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v,
+                                    TensorView<T> o, LseView lse, const ForwardOptions& options) {
   check_qkvo(q, k, v, o, padded_layout);
   check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   ForwardParams<T, KV> p = make_params(q, k, v, o, lse, options);
@@ -147,6 +147,15 @@ void forward_scored(TensorView<const T> q, TensorView<const KV> k, TensorView<co
   check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
   check_budget(options);
   check_aliasing(p);
+  return p;
+}
+
+/// forward() with the score modifiers of `scores` (ops::BuiltinScores: the options'; flex.hpp:
+/// a score_mod and mask_mod besides).
+template <class T, class KV, class Scores>
+void forward_scored(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
+                    LseView lse, const ForwardOptions& options, const Scores& scores) {
+  const ForwardParams<T, KV> p = checked_params(q, k, v, o, lse, options);
   run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores);
 }
 

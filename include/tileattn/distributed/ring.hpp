@@ -1,0 +1,396 @@
+// tileattn/distributed/ring.hpp: ring attention over MPI (Liu et al., 2023): one sequence's
+// attention, forward and backward, across the P ranks of a communicator, each holding a
+// shard of Q, K, V (distributed/shard.hpp says which rows).
+//
+//   tileattn::ring::ShardLayout layout(N, P);  // zig-zag: balanced under a causal mask
+//   tileattn::ring::ring_forward(MPI_COMM_WORLD, layout, q, k, v, o, lse, opts);
+//   tileattn::ring::ring_backward(MPI_COMM_WORLD, layout, q, k, v, o, lse, dout, dq, dk, dv, bopts);
+//
+// Forward: each rank keeps its queries; the K/V blocks travel around the ring (rank r sends
+// to r+1), P - 1 steps, the next block received (MPI_Isend / MPI_Irecv) while the current
+// one is computed. A step runs the single-process kernel on each (query chunk, key chunk)
+// pair that any query can see, with ScoreOptions::diagonal_offset = the chunks' position
+// difference, so causal, window and ALiBi see global positions; the sink joins the local
+// diagonal pair only. Partial states merge exactly by log-sum-exp in a fixed order (step,
+// then chunk pair): results do not depend on timing and are the same bits on every run.
+// Backward: the same ring; dQ accumulates locally, dK/dV accumulate in fp32 buffers that
+// travel with their K/V block and come home after P shifts, summed in ring order; dsinks
+// are summed over ranks in rank order.
+//
+// Arguments are checked on every rank and compared across ranks (collectively, before any
+// transfer): every rank throws tileattn::invalid_argument, or none does. With one rank the
+// call is the local kernel. Options: everything forward() takes except a bias or mask
+// (an O(N^2) tensor does not shard) and diagonal_offset (set here per chunk pair); K/V in
+// the storage type of Q (float, bf16, fp16). docs/distributed.md has the model and numbers.
+#pragma once
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tileattn/backward.hpp"
+#include "tileattn/distributed/ring_comm.hpp"
+#include "tileattn/distributed/shard.hpp"
+#include "tileattn/forward.hpp"
+
+namespace tileattn::ring {
+
+/// Where a ring call's time went, on this rank.
+struct RingStats {
+  int steps = 0;                  // ring steps (P)
+  double seconds = 0.0;           // the whole call
+  double compute_seconds = 0.0;   // chunk-pair kernels, merges and gradient sums
+  double wait_seconds = 0.0;      // blocked in MPI waits: communication not hidden
+  std::uint64_t bytes_sent = 0;   // K/V blocks (and, backward, dK/dV accumulators) sent
+  std::vector<double> step_compute_seconds, step_wait_seconds;
+};
+
+namespace detail {
+
+/// Rows [start, start + len) of a [B, S, ...] view along dimension `dim`.
+template <class T, int R>
+StridedView<T, R> rows(StridedView<T, R> v, index_t start, index_t len, int dim = 1) {
+  v.data += start * v.stride[dim];
+  v.shape[dim] = len;
+  return v;
+}
+
+/// True when some query of chunk qc can see some key of chunk kc under `o`'s causal mask
+/// and window (the global positions differ by qc.start - kc.start).
+inline bool pair_visible(const ScoreOptions& o, const Chunk& qc, const Chunk& kc) {
+  if (qc.length == 0 || kc.length == 0) return false;
+  const index_t offset = qc.start - kc.start;  // query i is aligned with key i + offset
+  const index_t right = o.causal ? 0 : o.window_right;
+  index_t lo = -(qc.length - 1), hi = kc.length - 1;  // j - i over the pair
+  if (o.window_left >= 0) lo = std::max(lo, offset - o.window_left);
+  if (right >= 0) hi = std::min(hi, offset + right);
+  return lo <= hi;
+}
+
+/// The options of one chunk pair: its diagonal; the sink (and its gradient) only on the
+/// local diagonal pair, so that each row's softmax counts it once.
+template <class Options>
+Options pair_options(const Options& base, const Chunk& qc, const Chunk& kc, bool diagonal, IoCounts* io) {
+  Options o = base;
+  o.diagonal_offset = qc.start - kc.start;
+  o.io_counts = base.io_counts ? io : nullptr;
+  if (!diagonal) o.sinks = {};
+  return o;
+}
+
+/// Buffers (two: one computed on and sent, one received) of blocks in transit: `parts` tensors [B, rows, heads, dims[i]] of T, one
+/// after the other in each buffer.
+template <class T>
+class BlockBuffers {
+ public:
+  BlockBuffers(index_t batch, index_t rows, index_t heads, std::vector<index_t> dims, int count = 2)
+      : batch_(batch), rows_(rows), heads_(heads), dims_(std::move(dims)), buffers_(static_cast<std::size_t>(count)) {
+    for (index_t d : dims_) size_ += static_cast<std::size_t>(batch * rows * heads * d);
+    for (auto& b : buffers_) b.assign(size_, T{});
+  }
+  void fill(int buffer, T value) { std::fill(data(buffer), data(buffer) + size_, value); }
+  TensorView<T> part(int buffer, int i) {
+    T* at = buffers_[static_cast<std::size_t>(buffer)].data();
+    for (int p = 0; p < i; ++p) at += batch_ * rows_ * heads_ * dims_[static_cast<std::size_t>(p)];
+    return make_bshd(at, batch_, rows_, heads_, dims_[static_cast<std::size_t>(i)]);
+  }
+  T* data(int buffer) { return buffers_[static_cast<std::size_t>(buffer)].data(); }
+  std::size_t bytes() const { return size_ * sizeof(T); }
+
+ private:
+  index_t batch_, rows_, heads_;
+  std::vector<index_t> dims_;
+  std::size_t size_ = 0;
+  std::vector<std::vector<T>> buffers_;
+};
+
+/// dst = src element by element (the views have one shape).
+template <class D, class S>
+void copy_into(const TensorView<D>& dst, const TensorView<S>& src) {
+  for (index_t b = 0; b < dst.shape[0]; ++b)
+    for (index_t i = 0; i < dst.shape[1]; ++i)
+      for (index_t h = 0; h < dst.shape[2]; ++h)
+        for (index_t c = 0; c < dst.shape[3]; ++c) dst(b, i, h, c) = src(b, i, h, c);
+}
+
+/// acc += part, as floats, parallel over (batch, row).
+template <class T>
+void add_into(const TensorView<float>& acc, const TensorView<T>& part, const Execution& exec) {
+  const index_t rows = acc.shape[0] * acc.shape[1];
+  parallel_for(exec, rows, [&](index_t item, int) {
+    const index_t b = item / acc.shape[1], i = item % acc.shape[1];
+    for (index_t h = 0; h < acc.shape[2]; ++h)
+      for (index_t c = 0; c < acc.shape[3]; ++c) acc(b, i, h, c) += to_float(part(b, i, h, c));
+  });
+}
+
+/// (acc, acc_lse) = the merge of (acc, acc_lse) and (o_c, lse_c), row by row: exact, as
+/// merge_states; a state with LSE -inf adds nothing, a NaN makes the row NaN.
+template <class T>
+void merge_into(const TensorView<float>& acc, const StridedView<float, 3>& acc_lse, const TensorView<T>& o_c,
+                const StridedView<float, 3>& lse_c, const Execution& exec) {
+  const index_t B = acc.shape[0], n = acc.shape[1], H = acc.shape[2], dv = acc.shape[3];
+  parallel_for(exec, B * H, [&](index_t item, int) {
+    const index_t b = item / H, h = item % H;
+    for (index_t i = 0; i < n; ++i) {
+      const float l = lse_c(b, h, i), la = acc_lse(b, h, i);
+      if (l == -std::numeric_limits<float>::infinity()) continue;
+      if (std::isnan(l) || std::isnan(la)) {
+        acc_lse(b, h, i) = std::numeric_limits<float>::quiet_NaN();
+        for (index_t c = 0; c < dv; ++c) acc(b, i, h, c) = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      const float m = std::max(l, la);
+      const float wa = std::exp(la - m), wc = std::exp(l - m), sum = wa + wc;
+      for (index_t c = 0; c < dv; ++c)
+        acc(b, i, h, c) = (acc(b, i, h, c) * wa + to_float(o_c(b, i, h, c)) * wc) / sum;
+      acc_lse(b, h, i) = m + std::log(sum);
+    }
+  });
+}
+
+inline double now() { return MPI_Wtime(); }
+
+/// The checks every rank makes of its own shard before the collective comparison.
+inline void check_ring(const RingComm& ring, const ShardLayout& layout, const ScoreOptions& options,
+                       index_t q_rows, index_t k_rows, index_t v_rows) {
+  TILEATTN_REQUIRE(layout.ranks() == ring.size, "layout",
+                   "has " + std::to_string(layout.ranks()) + " ranks, the communicator " + std::to_string(ring.size));
+  const index_t n = layout.local_len(ring.rank);
+  const auto rows_of = [&](const char* name, index_t got) {
+    TILEATTN_REQUIRE(got == n, name,
+                     std::string("shape[1] (seqlen) must be rank ") + std::to_string(ring.rank) + "'s shard of " +
+                         std::to_string(n) + " rows (ShardLayout::local_len), got " + std::to_string(got));
+  };
+  rows_of("q", q_rows);
+  rows_of("k", k_rows);
+  rows_of("v", v_rows);
+  TILEATTN_REQUIRE(options.bias.data == nullptr, "bias", "is not supported by ring attention (it does not shard)");
+  TILEATTN_REQUIRE(options.mask.data == nullptr, "mask", "is not supported by ring attention (it does not shard)");
+  TILEATTN_REQUIRE(!options.diagonal_offset, "diagonal_offset", "is set by ring attention for each chunk pair; leave it unset");
+}
+
+/// What every rank must agree on: the layout, the shapes and the options.
+template <class T>
+std::vector<Field> agreed_fields(const ShardLayout& layout, const TensorView<const T>& q, const TensorView<const T>& k,
+                                 const TensorView<const T>& v, const ForwardOptions& o, bool dsinks) {
+  const float scale = tileattn::detail::default_scale(o, q.shape[3]);
+  return {{"layout.seqlen", layout.seqlen()},
+          {"layout.sharding", static_cast<std::int64_t>(layout.sharding())},
+          {"batch", q.shape[0]},
+          {"heads_q", q.shape[2]},
+          {"heads_kv", k.shape[2]},
+          {"head_dim", q.shape[3]},
+          {"head_dim_v", v.shape[3]},
+          {"element type", static_cast<std::int64_t>(sizeof(T))},
+          {"causal", o.causal},
+          {"window_left", o.window_left},
+          {"window_right", o.window_right},
+          {"softcap", float_bits(o.softcap)},
+          {"softmax_scale", float_bits(scale)},
+          {"alibi_slopes", hash_bits(o.alibi_slopes)},
+          {"sinks", hash_bits(o.sinks)},
+          {"sinks.size", static_cast<std::int64_t>(o.sinks.size())},
+          {"dsinks", dsinks}};
+}
+
+template <class T>
+void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> q, TensorView<const T> k,
+                  TensorView<const T> v, TensorView<T> o, LseView lse, const ForwardOptions& options, RingStats* stats) {
+  const double start = now();
+  const RingComm ring(comm);
+  const auto fields = agreed_fields(layout, q, k, v, options, false);
+  agree(ring, [&] {
+    check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
+    tileattn::detail::checked_params<T, T>(q, k, v, o, lse, options);
+  }, fields);
+  RingStats st;
+  st.steps = ring.size;
+  if (ring.size == 1) {  // the local kernel: the whole sequence is here, in order
+    tileattn::detail::forward<T, T>(q, k, v, o, lse, options);
+    st.compute_seconds = now() - start;
+  } else {
+    const index_t B = q.shape[0], n = q.shape[1], H = q.shape[2], Hkv = k.shape[2], dv = v.shape[3];
+    BlockBuffers<T> blocks(B, layout.max_local_len(), Hkv, {k.shape[3], dv});
+    copy_into(rows(blocks.part(0, 0), 0, n), k);
+    copy_into(rows(blocks.part(0, 1), 0, n), v);
+    std::vector<float> acc(static_cast<std::size_t>(B * n * H * dv), 0.0f);
+    std::vector<float> acc_lse(static_cast<std::size_t>(B * H * n), -std::numeric_limits<float>::infinity());
+    const index_t part_rows = std::max(layout.chunk(ring.rank, 0).length, layout.chunk(ring.rank, 1).length);
+    std::vector<T> part(static_cast<std::size_t>(B * part_rows * H * dv));
+    std::vector<float> part_lse(static_cast<std::size_t>(B * H * part_rows));
+    const TensorView<float> acc_view = make_bshd(acc.data(), B, n, H, dv);
+    const StridedView<float, 3> acc_lse_view = make_lse(acc_lse.data(), B, H, n);
+    IoCounts io_total, io_pair;
+    Exchange kv;
+    for (int step = 0; step < ring.size; ++step) {
+      const int cur = step % 2, src = ring.source(step);
+      if (step + 1 < ring.size) kv.post(ring, blocks.data(cur), blocks.data(1 - cur), blocks.bytes(), 1000 + step);
+      const double t0 = now();
+      for (int qi = 0; qi < layout.chunks_per_rank(); ++qi)
+        for (int ki = 0; ki < layout.chunks_per_rank(); ++ki) {
+          const Chunk qc = layout.chunk(ring.rank, qi), kc = layout.chunk(src, ki);
+          if (!pair_visible(options, qc, kc)) continue;
+          const ForwardOptions po = pair_options(options, qc, kc, step == 0 && qi == ki, &io_pair);
+          const TensorView<T> o_c = make_bshd(part.data(), B, qc.length, H, dv);
+          const LseView lse_c = make_lse(part_lse.data(), B, H, qc.length);
+          tileattn::detail::forward<T, T>(rows(q, qc.local_start, qc.length), rows(blocks.part(cur, 0), kc.local_start, kc.length),
+                                       rows(blocks.part(cur, 1), kc.local_start, kc.length), o_c, lse_c, po);
+          io_total += io_pair;
+          merge_into(rows(acc_view, qc.local_start, qc.length), rows(acc_lse_view, qc.local_start, qc.length, 2), o_c,
+                     lse_c, options.execution);
+          kv.progress();
+        }
+      const double t1 = now();
+      kv.wait();
+      st.step_compute_seconds.push_back(t1 - t0);
+      st.step_wait_seconds.push_back(now() - t1);
+    }
+    copy_into(o, TensorView<const float>(acc_view));
+    if (lse.data)
+      for (index_t b = 0; b < B; ++b)
+        for (index_t h = 0; h < H; ++h)
+          for (index_t i = 0; i < n; ++i) lse(b, h, i) = acc_lse_view(b, h, i);
+    if (options.io_counts) *options.io_counts = io_total;
+    st.bytes_sent = kv.bytes_sent();
+  }
+  for (double s : st.step_compute_seconds) st.compute_seconds += s;
+  for (double s : st.step_wait_seconds) st.wait_seconds += s;
+  st.seconds = now() - start;
+  if (stats) *stats = std::move(st);
+}
+
+template <class T>
+void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> q, TensorView<const T> k,
+                   TensorView<const T> v, TensorView<const T> o, StridedView<const float, 3> lse,
+                   TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
+                   const BackwardOptions& options, RingStats* stats) {
+  const double start = now();
+  const RingComm ring(comm);
+  const auto fields = agreed_fields(layout, q, k, v, options, !options.dsinks.empty());
+  agree(ring, [&] {
+    check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
+    tileattn::detail::checked_backward_params<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
+  }, fields);
+  RingStats st;
+  st.steps = ring.size;
+  if (ring.size == 1) {
+    tileattn::detail::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
+    st.compute_seconds = now() - start;
+    st.seconds = st.compute_seconds;
+    if (stats) *stats = std::move(st);
+    return;
+  }
+  const index_t B = q.shape[0], n = q.shape[1], H = q.shape[2], Hkv = k.shape[2], d = q.shape[3], dvd = v.shape[3];
+  const index_t nmax = layout.max_local_len();
+  BlockBuffers<T> blocks(B, nmax, Hkv, {d, dvd});
+  copy_into(rows(blocks.part(0, 0), 0, n), k);
+  copy_into(rows(blocks.part(0, 1), 0, n), v);
+  // The dK/dV accumulators in fp32: at step t, buffer t % 2 holds the accumulator of the
+  // block held (this rank's own at step 0, zero) and is then sent on while buffer
+  // 1 - t % 2 receives the next; step_grads collects what this step adds.
+  BlockBuffers<float> grads(B, nmax, Hkv, {d, dvd}), step_grads(B, nmax, Hkv, {d, dvd}, 1);
+  const index_t part_q = std::max(layout.chunk(ring.rank, 0).length, layout.chunk(ring.rank, 1).length);
+  std::vector<T> dq_c(static_cast<std::size_t>(B * part_q * H * d)), dk_c(static_cast<std::size_t>(B * nmax * Hkv * d)),
+      dv_c(static_cast<std::size_t>(B * nmax * Hkv * dvd));
+  std::vector<float> dq_acc(static_cast<std::size_t>(B * n * H * d), 0.0f), dsinks(static_cast<std::size_t>(H), 0.0f),
+      dsinks_c(static_cast<std::size_t>(H));
+  const TensorView<float> dq_acc_view = make_bshd(dq_acc.data(), B, n, H, d);
+  IoCounts io_total, io_pair;
+  Exchange kv, grad;
+  for (int step = 0; step < ring.size; ++step) {
+    const int cur = step % 2, src = ring.source(step);
+    if (step + 1 < ring.size) kv.post(ring, blocks.data(cur), blocks.data(1 - cur), blocks.bytes(), 2000 + step);
+    const double t0 = now();
+    step_grads.fill(0, 0.0f);
+    for (int qi = 0; qi < layout.chunks_per_rank(); ++qi)
+      for (int ki = 0; ki < layout.chunks_per_rank(); ++ki) {
+        const Chunk qc = layout.chunk(ring.rank, qi), kc = layout.chunk(src, ki);
+        if (!pair_visible(options, qc, kc)) continue;
+        const bool diagonal = step == 0 && qi == ki;
+        BackwardOptions po = pair_options(options, qc, kc, diagonal, &io_pair);
+        po.dsinks = diagonal && !options.dsinks.empty() ? std::span<float>(dsinks_c) : std::span<float>{};
+        const TensorView<T> dq_v = make_bshd(dq_c.data(), B, qc.length, H, d);
+        const TensorView<T> dk_v = make_bshd(dk_c.data(), B, kc.length, Hkv, d);
+        const TensorView<T> dv_v = make_bshd(dv_c.data(), B, kc.length, Hkv, dvd);
+        const auto q_rows = [&](const auto& t) { return rows(t, qc.local_start, qc.length); };
+        tileattn::detail::backward<T>(q_rows(q), rows(blocks.part(cur, 0), kc.local_start, kc.length),
+                                      rows(blocks.part(cur, 1), kc.local_start, kc.length), q_rows(o),
+                                      rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq_v, dk_v, dv_v, po);
+        io_total += io_pair;
+        add_into(q_rows(dq_acc_view), dq_v, options.execution);
+        add_into(rows(step_grads.part(0, 0), kc.local_start, kc.length), dk_v, options.execution);
+        add_into(rows(step_grads.part(0, 1), kc.local_start, kc.length), dv_v, options.execution);
+        if (!po.dsinks.empty())
+          for (std::size_t h = 0; h < dsinks.size(); ++h) dsinks[h] += dsinks_c[h];
+        kv.progress();
+        grad.progress();
+      }
+    const double t1 = now();
+    const int held = step % 2;
+    if (step == 0) grads.fill(0, 0.0f);
+    else grad.wait();  // the previous rank's accumulator for this block, sent after its step
+    const double t2 = now();
+    add_into(grads.part(held, 0), step_grads.part(0, 0), options.execution);
+    add_into(grads.part(held, 1), step_grads.part(0, 1), options.execution);
+    grad.post(ring, grads.data(held), grads.data(1 - held), grads.bytes(), 3000 + step);
+    const double t3 = now();
+    kv.wait();
+    st.step_compute_seconds.push_back((t1 - t0) + (t3 - t2));
+    st.step_wait_seconds.push_back((t2 - t1) + (now() - t3));
+  }
+  const double t_home = now();
+  grad.wait();  // after P shifts each block's accumulator is home
+  st.step_wait_seconds.back() += now() - t_home;
+  const int home = ring.size % 2;
+  if (!options.dsinks.empty()) sum_in_rank_order(ring, dsinks);
+  // Every transfer is done: the outputs are written only now.
+  copy_into(dq, TensorView<const float>(dq_acc_view));
+  copy_into(dk, rows(TensorView<const float>(grads.part(home, 0)), 0, n));
+  copy_into(dv, rows(TensorView<const float>(grads.part(home, 1)), 0, n));
+  std::copy(dsinks.begin(), dsinks.end(), options.dsinks.begin());
+  if (options.io_counts) *options.io_counts = io_total;
+  st.bytes_sent = kv.bytes_sent() + grad.bytes_sent();
+  for (double s : st.step_compute_seconds) st.compute_seconds += s;
+  for (double s : st.step_wait_seconds) st.wait_seconds += s;
+  st.seconds = now() - start;
+  if (stats) *stats = std::move(st);
+}
+
+}  // namespace detail
+/// Attention of this rank's queries to the whole sequence: o and lse (optional) of the
+/// rank's shard, as forward() over the full tensors would give them (within fp32 rounding;
+/// the same bits on every run). q, k, v, o: [batch, layout.local_len(rank), heads, dim]
+/// shards as shard() cuts them; every rank calls with the same layout, shapes and options.
+template <class Q, class K, class V, class O>
+void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+                  const TensorView<V>& v, const TensorView<O>& o, LseView lse, const ForwardOptions& options = {},
+                  RingStats* stats = nullptr) {
+  tileattn::detail::check_element_types<Q, K, V, O>();
+  static_assert(std::is_same_v<std::remove_const_t<K>, O>,
+                "tileattn::ring: K and V must have Q's storage type (no 8-bit K/V in ring attention)");
+  detail::ring_forward<O>(comm, layout, q, k, v, o, lse, options, stats);
+}
+
+/// The gradients of ring_forward: dq, dk, dv of this rank's shard (dk and dv summed over
+/// every rank's queries), and options.dsinks summed over all ranks. o and lse are the
+/// forward's outputs on this rank; options the forward's.
+template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
+void ring_backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+                   const TensorView<V>& v, const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout,
+                   const TensorView<DQ>& dq, const TensorView<DK>& dk, const TensorView<DV>& dv,
+                   const BackwardOptions& options = {}, RingStats* stats = nullptr) {
+  tileattn::detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  static_assert(std::is_same_v<std::remove_const_t<K>, DQ>,
+                "tileattn::ring: K and V must have Q's storage type (no 8-bit K/V in ring attention)");
+  detail::ring_backward<DQ>(comm, layout, q, k, v, o, lse, dout, dq, dk, dv, options, stats);
+}
+
+}  // namespace tileattn::ring
