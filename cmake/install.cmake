@@ -4,7 +4,7 @@
 # the exported INTERFACE target tileattn::tileattn, tileattnConfig.cmake and its version file.
 # The config re-finds OpenMP and oneTBB only when this build enabled them, because the
 # exported target links OpenMP::OpenMP_CXX and TBB::tbb (and defines TILEATTN_HAS_TBB=1) then;
-# and MPI when TILEATTN_WITH_MPI exported tileattn::distributed, which links MPI::MPI_C.
+# and MPI when TILEATTN_WITH_MPI exported tileattn::distributed, which links MPI::MPI_CXX.
 
 include(CMakePackageConfigHelpers)
 

@@ -111,13 +111,16 @@ class BlockBuffers {
   std::vector<std::vector<T>> buffers_;
 };
 
-/// dst = src element by element (the views have one shape).
+/// dst = src element by element (the views have one shape), rounded once to D.
 template <class D, class S>
 void copy_into(const TensorView<D>& dst, const TensorView<S>& src) {
   for (index_t b = 0; b < dst.shape[0]; ++b)
     for (index_t i = 0; i < dst.shape[1]; ++i)
       for (index_t h = 0; h < dst.shape[2]; ++h)
-        for (index_t c = 0; c < dst.shape[3]; ++c) dst(b, i, h, c) = src(b, i, h, c);
+        for (index_t c = 0; c < dst.shape[3]; ++c) {
+          if constexpr (std::is_same_v<D, std::remove_const_t<S>>) dst(b, i, h, c) = src(b, i, h, c);
+          else dst(b, i, h, c) = from_float<D>(to_float(src(b, i, h, c)));
+        }
 }
 
 /// acc += part, as floats, parallel over (batch, row).
@@ -158,9 +161,12 @@ void merge_into(const TensorView<float>& acc, const StridedView<float, 3>& acc_l
 
 inline double now() { return MPI_Wtime(); }
 
-/// The checks every rank makes of its own shard before the collective comparison.
+/// The checks every rank makes of its own shard before the collective comparison. A rank
+/// whose shard has no rows (seqlen < 2P) makes only these: the kernels' checks want rows,
+/// and the ranks that have some check the options every rank agrees on.
 inline void check_ring(const RingComm& ring, const ShardLayout& layout, const ScoreOptions& options,
                        index_t q_rows, index_t k_rows, index_t v_rows) {
+  TILEATTN_REQUIRE(layout.seqlen() > 0, "layout", "seqlen must be > 0, got 0");
   TILEATTN_REQUIRE(layout.ranks() == ring.size, "layout",
                    "has " + std::to_string(layout.ranks()) + " ranks, the communicator " + std::to_string(ring.size));
   const index_t n = layout.local_len(ring.rank);
@@ -206,18 +212,21 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
                   TensorView<const T> v, TensorView<T> o, LseView lse, const ForwardOptions& options, RingStats* stats) {
   const double start = now();
   const RingComm ring(comm);
+  const index_t n = q.shape[1];
   const auto fields = agreed_fields(layout, q, k, v, options, false);
   agree(ring, [&] {
     check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
-    tileattn::detail::checked_params<T, T>(q, k, v, o, lse, options);
+    if (n > 0) tileattn::detail::checked_params<T, T>(q, k, v, o, lse, options);
   }, fields);
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {  // the local kernel: the whole sequence is here, in order
+    const double t0 = now();
     tileattn::detail::forward<T, T>(q, k, v, o, lse, options);
-    st.compute_seconds = now() - start;
+    st.step_compute_seconds.push_back(now() - t0);
+    st.step_wait_seconds.push_back(0.0);
   } else {
-    const index_t B = q.shape[0], n = q.shape[1], H = q.shape[2], Hkv = k.shape[2], dv = v.shape[3];
+    const index_t B = q.shape[0], H = q.shape[2], Hkv = k.shape[2], dv = v.shape[3];
     BlockBuffers<T> blocks(B, layout.max_local_len(), Hkv, {k.shape[3], dv});
     copy_into(rows(blocks.part(0, 0), 0, n), k);
     copy_into(rows(blocks.part(0, 1), 0, n), v);
@@ -277,14 +286,18 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   const auto fields = agreed_fields(layout, q, k, v, options, !options.dsinks.empty());
   agree(ring, [&] {
     check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
-    tileattn::detail::checked_backward_params<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
+    if (q.shape[1] > 0)
+      tileattn::detail::checked_backward_params<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
   }, fields);
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {
+    const double t0 = now();
     tileattn::detail::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
-    st.compute_seconds = now() - start;
-    st.seconds = st.compute_seconds;
+    st.compute_seconds = now() - t0;
+    st.step_compute_seconds.push_back(st.compute_seconds);
+    st.step_wait_seconds.push_back(0.0);
+    st.seconds = now() - start;
     if (stats) *stats = std::move(st);
     return;
   }
@@ -355,7 +368,7 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   copy_into(dq, TensorView<const float>(dq_acc_view));
   copy_into(dk, rows(TensorView<const float>(grads.part(home, 0)), 0, n));
   copy_into(dv, rows(TensorView<const float>(grads.part(home, 1)), 0, n));
-  std::copy(dsinks.begin(), dsinks.end(), options.dsinks.begin());
+  if (!options.dsinks.empty()) std::copy(dsinks.begin(), dsinks.end(), options.dsinks.begin());
   if (options.io_counts) *options.io_counts = io_total;
   st.bytes_sent = kv.bytes_sent() + grad.bytes_sent();
   for (double s : st.step_compute_seconds) st.compute_seconds += s;

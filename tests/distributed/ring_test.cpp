@@ -1,0 +1,476 @@
+// distributed/ring.hpp under mpirun -np 1, 2, 3, 4 (tests/distributed/CMakeLists.txt): the
+// ring forward and backward against the single-process kernels (fp32 rounding) and the
+// double reference, for causal and not, both shardings, windows, ALiBi, softcap, sinks,
+// GQA and sequence lengths that do not divide (down to ranks with no rows); bf16 under
+// FlashAttention's rule; the same bits on every run and thread count; one rank is the
+// local kernel; collective errors that write nothing; NaN reaching the rows that see it.
+// Every rank builds the same full problem from one seed and checks its own shard.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "support/backward_support.hpp"
+#include "support/naive_same_precision.hpp"
+#include "tileattn/distributed/ring.hpp"
+
+namespace tileattn::test {
+namespace {
+
+using ring::ShardLayout;
+using ring::Sharding;
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+struct Config {
+  const char* name;
+  ProblemShape shape;
+  Sharding sharding;
+  void (*set)(ForwardOptions&);
+};
+
+const float slopes[4] = {0.5f, 0.25f, 0.0625f, 0.015625f};
+const float sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+
+std::vector<Config> configs() {
+  return {
+      {"causal, zig-zag, GQA 4/2, d 40/24", {2, 301, 301, 4, 2, 40, 24}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
+      {"causal, contiguous", {1, 127, 127, 2, 2, 32, 32}, Sharding::contiguous, [](ForwardOptions& o) { o.causal = true; }},
+      {"not causal, N 17", {1, 17, 17, 3, 3, 16, 16}, Sharding::zigzag, [](ForwardOptions&) {}},
+      {"not causal, contiguous, MQA", {1, 200, 200, 4, 1, 32, 32}, Sharding::contiguous, [](ForwardOptions&) {}},
+      {"window 40 / 7, GQA 4/1", {2, 257, 257, 4, 1, 32, 32}, Sharding::zigzag,
+       [](ForwardOptions& o) { o.window_left = 40, o.window_right = 7; }},
+      {"causal + ALiBi + softcap", {1, 200, 200, 4, 4, 24, 24}, Sharding::zigzag,
+       [](ForwardOptions& o) { o.causal = true, o.alibi_slopes = slopes, o.softcap = 4.0f; }},
+      {"causal + sinks + left window 30", {1, 180, 180, 4, 2, 32, 32}, Sharding::zigzag,
+       [](ForwardOptions& o) { o.causal = true, o.sinks = sinks, o.window_left = 30; }},
+      {"sinks, not causal, contiguous", {1, 90, 90, 4, 4, 16, 16}, Sharding::contiguous,
+       [](ForwardOptions& o) { o.sinks = sinks; }},
+      {"N 1", {1, 1, 1, 2, 2, 8, 8}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
+      {"N 5: some ranks hold no row", {1, 5, 5, 2, 1, 8, 8}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
+      {"causal N 1000", {1, 1000, 1000, 2, 1, 64, 64}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
+  };
+}
+
+/// A rank's shard of one full BackwardProblem, the ring's outputs on it, and checks of
+/// those outputs against full-sequence results cut to the same shard.
+template <class T>
+struct RingShard {
+  ProblemShape s;
+  ShardLayout layout;
+  int rank;
+  index_t n;
+  std::vector<T> q, k, v, dout, o, dq, dk, dv;
+  std::vector<float> lse;
+
+  RingShard(const BackwardProblem<T>& full, ShardLayout l, MPI_Comm comm = MPI_COMM_WORLD)
+      : s(full.s), layout(l), rank(0), n(0) {
+    MPI_Comm_rank(comm, &rank);
+    n = layout.local_len(rank);
+    cut(full.qv, q, s.heads, s.head_dim);
+    cut(full.kv, k, s.heads_kv, s.head_dim);
+    cut(full.vv, v, s.heads_kv, s.head_dim_v);
+    cut(full.dov, dout, s.heads, s.head_dim_v);
+    o.assign(static_cast<std::size_t>(s.batch * n * s.heads * s.head_dim_v), from_float<T>(sentinel));
+    dq.assign(static_cast<std::size_t>(s.batch * n * s.heads * s.head_dim), from_float<T>(sentinel));
+    dk.assign(static_cast<std::size_t>(s.batch * n * s.heads_kv * s.head_dim), from_float<T>(sentinel));
+    dv.assign(static_cast<std::size_t>(s.batch * n * s.heads_kv * s.head_dim_v), from_float<T>(sentinel));
+    lse.assign(static_cast<std::size_t>(s.batch * s.heads * n), sentinel);
+  }
+
+  TensorView<T> view(std::vector<T>& x, index_t heads, index_t dim) { return make_bshd(x.data(), s.batch, n, heads, dim); }
+  LseView lse_view() { return make_lse(lse.data(), s.batch, s.heads, n); }
+
+  void forward(MPI_Comm comm, const ForwardOptions& opt, ring::RingStats* stats = nullptr) {
+    ring::ring_forward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
+                       view(v, s.heads_kv, s.head_dim_v), view(o, s.heads, s.head_dim_v), lse_view(), opt, stats);
+  }
+  void backward(MPI_Comm comm, const BackwardOptions& opt, ring::RingStats* stats = nullptr) {
+    ring::ring_backward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
+                        view(v, s.heads_kv, s.head_dim_v), view(o, s.heads, s.head_dim_v), lse_view(),
+                        view(dout, s.heads, s.head_dim_v), view(dq, s.heads, s.head_dim),
+                        view(dk, s.heads_kv, s.head_dim), view(dv, s.heads_kv, s.head_dim_v), opt, stats);
+  }
+
+  /// This rank's rows of a full [B, N, heads, dim] tensor (any element type), as doubles.
+  template <class E>
+  std::vector<double> rows_of(const std::vector<E>& full, index_t heads, index_t dim) const {
+    std::vector<double> out(static_cast<std::size_t>(s.batch * n * heads * dim));
+    for (index_t b = 0; b < s.batch; ++b)
+      for (int c = 0; c < layout.chunks_per_rank(); ++c) {
+        const ring::Chunk ch = layout.chunk(rank, c);
+        for (index_t i = 0; i < ch.length; ++i)
+          for (index_t x = 0; x < heads * dim; ++x)
+            out[static_cast<std::size_t>(((b * n + ch.local_start + i) * heads) * dim + x)] =
+                to_double(full[static_cast<std::size_t>(((b * s.seqlen_q + ch.start + i) * heads) * dim + x)]);
+      }
+    return out;
+  }
+  /// The same for a full [B, H, N] LSE.
+  template <class E>
+  std::vector<double> lse_rows_of(const std::vector<E>& full) const {
+    std::vector<double> out(static_cast<std::size_t>(s.batch * s.heads * n));
+    for (index_t bh = 0; bh < s.batch * s.heads; ++bh)
+      for (int c = 0; c < layout.chunks_per_rank(); ++c) {
+        const ring::Chunk ch = layout.chunk(rank, c);
+        for (index_t i = 0; i < ch.length; ++i)
+          out[static_cast<std::size_t>(bh * n + ch.local_start + i)] =
+              to_double(full[static_cast<std::size_t>(bh * s.seqlen_q + ch.start + i)]);
+      }
+    return out;
+  }
+
+  static std::vector<float> floats(const std::vector<T>& x) {
+    std::vector<float> out;
+    for (const T& e : x) out.push_back(to_float(e));
+    return out;
+  }
+
+ private:
+  template <class E>
+  static double to_double(const E& x) {
+    if constexpr (std::is_same_v<E, double> || std::is_same_v<E, float>) return static_cast<double>(x);
+    else return static_cast<double>(to_float(x));
+  }
+  void cut(const TensorView<T>& full, std::vector<T>& local, index_t heads, index_t dim) {
+    local.resize(static_cast<std::size_t>(s.batch * n * heads * dim));
+    ring::shard(full, make_bshd(local.data(), s.batch, n, heads, dim), layout, rank);
+  }
+};
+
+/// max |got - want| and max |want| over entries both finite; a NaN/Inf pattern mismatch
+/// is reported through `problem`.
+struct Diff {
+  double error = 0.0, magnitude = 0.0;
+  std::string problem;
+};
+Diff diff(const std::vector<float>& got, const std::vector<double>& want, const std::string& name) {
+  Diff d;
+  EXPECT_EQ(got.size(), want.size()) << name;
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isfinite(g) != std::isfinite(w) || std::isnan(g) != std::isnan(w)) {
+      if (d.problem.empty()) d.problem = name + "[" + std::to_string(i) + "] = " + std::to_string(g) + ", want " + std::to_string(w);
+      continue;
+    }
+    if (!std::isfinite(w)) continue;
+    d.error = std::max(d.error, std::abs(g - w));
+    d.magnitude = std::max(d.magnitude, std::abs(w));
+  }
+  return d;
+}
+
+TEST(Ring, Fp32MatchesSingleProcessAndReference) {
+  for (const Config& c : configs()) {
+    SCOPED_TRACE(std::string(c.name) + ", " + std::to_string(world_size()) + " ranks");
+    BackwardProblem<float> full(c.shape, 1000 + static_cast<std::uint64_t>(c.shape.seqlen_q));
+    BackwardOptions opt;
+    c.set(opt);
+    std::vector<float> dsinks(static_cast<std::size_t>(c.shape.heads)), ring_dsinks(dsinks.size(), sentinel);
+    full.forward(opt);
+    if (!opt.sinks.empty()) opt.dsinks = dsinks;
+    full.backward(opt);
+    const reference::Options ref_opt = reference::Options::from(opt);
+    const auto ref = reference::attention<float>(full.qv, full.kv, full.vv, ref_opt);
+    const reference::BackwardResult ref_grads = full.reference(ref_opt);
+
+    RingShard<float> mine(full, ShardLayout(c.shape.seqlen_q, world_size(), c.sharding));
+    opt.dsinks = {};
+    mine.forward(MPI_COMM_WORLD, opt);
+    if (!opt.sinks.empty()) opt.dsinks = ring_dsinks;
+    mine.backward(MPI_COMM_WORLD, opt);
+
+    const auto& s = c.shape;
+    struct Check {
+      const char* name;
+      std::vector<float> got;
+      std::vector<double> single, reference;
+    };
+    const Check checks[] = {
+        {"o", mine.o, mine.rows_of(full.o, s.heads, s.head_dim_v), mine.rows_of(ref.o, s.heads, s.head_dim_v)},
+        {"lse", mine.lse, mine.lse_rows_of(full.lse), mine.lse_rows_of(ref.lse)},
+        {"dq", mine.dq, mine.rows_of(full.dq, s.heads, s.head_dim), mine.rows_of(ref_grads.dq, s.heads, s.head_dim)},
+        {"dk", mine.dk, mine.rows_of(full.dk, s.heads_kv, s.head_dim), mine.rows_of(ref_grads.dk, s.heads_kv, s.head_dim)},
+        {"dv", mine.dv, mine.rows_of(full.dv, s.heads_kv, s.head_dim_v), mine.rows_of(ref_grads.dv, s.heads_kv, s.head_dim_v)},
+    };
+    for (const Check& k : checks) {
+      const Diff single = diff(k.got, k.single, std::string(k.name) + " vs single process");
+      const Diff refd = diff(k.got, k.reference, std::string(k.name) + " vs reference");
+      EXPECT_EQ(single.problem, "");
+      EXPECT_EQ(refd.problem, "");
+      // fp32 rounding: the ring merges P partial states (and sums P partial gradients)
+      // where the single process runs one online softmax.
+      EXPECT_LE(single.error, 4e-6 * std::max(single.magnitude, 1.0)) << k.name << ", magnitude " << single.magnitude;
+      EXPECT_LE(refd.error, 2e-5 * std::max(refd.magnitude, 1.0)) << k.name << ", magnitude " << refd.magnitude;
+    }
+    if (!opt.sinks.empty()) {
+      std::vector<double> want(dsinks.begin(), dsinks.end()), ref_want(ref_grads.dsinks.begin(), ref_grads.dsinks.end());
+      const Diff single = diff(ring_dsinks, want, "dsinks"), refd = diff(ring_dsinks, ref_want, "dsinks vs reference");
+      EXPECT_LE(single.error, 4e-6 * std::max(single.magnitude, 1.0)) << "dsinks";
+      EXPECT_LE(refd.error, 2e-5 * std::max(refd.magnitude, 1.0)) << "dsinks vs reference";
+      EXPECT_GT(refd.magnitude, 0.0);
+    }
+  }
+}
+
+// bf16 storage: the ring rounds each partial O and gradient to bf16 before its fp32 merge,
+// so it is held to FlashAttention's rule against a naive bf16 implementation: 2x its
+// forward error, 3x its gradient error.
+TEST(Ring, Bf16WithinFlashAttentionsRule) {
+  const Config cases[] = {
+      {"bf16 causal zig-zag GQA", {1, 301, 301, 4, 2, 64, 64}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
+      {"bf16 window, contiguous", {2, 150, 150, 2, 2, 32, 32}, Sharding::contiguous,
+       [](ForwardOptions& o) { o.window_left = 33, o.window_right = 5; }},
+  };
+  for (const Config& c : cases) {
+    SCOPED_TRACE(c.name);
+    BackwardProblem<bf16> full(c.shape, 77);
+    BackwardOptions opt;
+    c.set(opt);
+    const reference::Options ref_opt = reference::Options::from(opt);
+    const reference::BackwardResult ref_grads = full.reference(ref_opt);
+    const reference::NaiveBackwardF naive = full.naive(ref_opt);
+    const auto& s = c.shape;
+    // The forward reference and the naive bf16 forward take the same values as floats.
+    std::vector<float> qf = RingShard<bf16>::floats(full.q), kf = RingShard<bf16>::floats(full.k),
+                       vf = RingShard<bf16>::floats(full.v);
+    const auto as_float_view = [](std::vector<float>& x, const std::vector<bf16>& buffer, const TensorView<bf16>& v) {
+      return TensorView<const float>{x.data() + (v.data - buffer.data()), v.shape, v.stride};
+    };
+    const auto ref = reference::attention<float>(as_float_view(qf, full.q, full.qv), as_float_view(kf, full.k, full.kv),
+                                                 as_float_view(vf, full.v, full.vv), ref_opt);
+    const auto as_floats = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+    std::vector<float> naive_o(static_cast<std::size_t>(s.batch * s.seqlen_q * s.heads * s.head_dim_v)),
+        naive_lse(static_cast<std::size_t>(s.batch * s.heads * s.seqlen_q));
+    naive_same_precision<bf16>(as_float_view(qf, full.q, full.qv), as_float_view(kf, full.k, full.kv),
+                               as_float_view(vf, full.v, full.vv), ref_opt,
+                               make_bshd(naive_o.data(), s.batch, s.seqlen_q, s.heads, s.head_dim_v),
+                               make_lse(naive_lse.data(), s.batch, s.heads, s.seqlen_q));
+
+    RingShard<bf16> mine(full, ShardLayout(s.seqlen_q, world_size(), c.sharding));
+    mine.forward(MPI_COMM_WORLD, opt);
+    mine.backward(MPI_COMM_WORLD, opt);
+    const auto bound = [](const Diff& got, const Diff& naive, double factor, const char* name) {
+      EXPECT_EQ(got.problem, "");
+      EXPECT_LE(got.error, factor * naive.error + 1e-5 * std::max(got.magnitude, 1.0))
+          << name << ": naive bf16 error " << naive.error << ", magnitude " << got.magnitude;
+      EXPECT_GT(naive.error, 0.0) << name << ": the naive error is 0, the bound cannot fail";
+    };
+    const std::vector<double> want_o = mine.rows_of(ref.o, s.heads, s.head_dim_v);
+    bound(diff(RingShard<bf16>::floats(mine.o), want_o, "o"),
+          diff(as_floats(mine.rows_of(naive_o, s.heads, s.head_dim_v)), want_o, "naive o"), 2.0, "o");
+    const std::vector<double> want_lse = mine.lse_rows_of(ref.lse);
+    bound(diff(mine.lse, want_lse, "lse"), diff(as_floats(mine.lse_rows_of(naive_lse)), want_lse, "naive lse"), 2.0, "lse");
+    const struct {
+      const char* name;
+      const std::vector<bf16>& got;
+      const std::vector<double>& ref;
+      const std::vector<float>& naive;
+      index_t heads, dim;
+    } grads[] = {{"dq", mine.dq, ref_grads.dq, naive.dq, s.heads, s.head_dim},
+                 {"dk", mine.dk, ref_grads.dk, naive.dk, s.heads_kv, s.head_dim},
+                 {"dv", mine.dv, ref_grads.dv, naive.dv, s.heads_kv, s.head_dim_v}};
+    for (const auto& g : grads) {
+      const std::vector<double> want = mine.rows_of(g.ref, g.heads, g.dim);
+      const std::vector<double> naive_rows = mine.rows_of(g.naive, g.heads, g.dim);
+      bound(diff(RingShard<bf16>::floats(g.got), want, g.name),
+            diff(as_floats(naive_rows), want, "naive"), 3.0, g.name);
+    }
+  }
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The merge order is fixed (step, then chunk pair) and the kernels' bits do not depend on
+// the thread count, so neither do the ring's; a second run gives the same bits.
+TEST(Ring, SameBitsEveryRunAndThreadCount) {
+  BackwardProblem<float> full({2, 333, 333, 4, 2, 48, 48}, 9);
+  BackwardOptions opt;
+  opt.causal = true;
+  opt.window_left = 100;
+  const ShardLayout layout(333, world_size());
+  RingShard<float> first(full, layout), second(full, layout), serial(full, layout);
+  first.forward(MPI_COMM_WORLD, opt);
+  first.backward(MPI_COMM_WORLD, opt);
+  second.forward(MPI_COMM_WORLD, opt);
+  second.backward(MPI_COMM_WORLD, opt);
+  opt.execution = {Backend::serial, 1};
+  serial.forward(MPI_COMM_WORLD, opt);
+  serial.backward(MPI_COMM_WORLD, opt);
+  for (const RingShard<float>* other : {&second, &serial}) {
+    EXPECT_TRUE(same_bits(first.o, other->o));
+    EXPECT_TRUE(same_bits(first.lse, other->lse));
+    EXPECT_TRUE(same_bits(first.dq, other->dq));
+    EXPECT_TRUE(same_bits(first.dk, other->dk));
+    EXPECT_TRUE(same_bits(first.dv, other->dv));
+  }
+}
+
+// A communicator of one rank: the ring is the local kernel, bit for bit.
+TEST(Ring, OneRankIsTheLocalKernel) {
+  MPI_Comm self;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank(), 0, &self);
+  BackwardProblem<float> full({1, 150, 150, 2, 2, 32, 32}, 4);
+  BackwardOptions opt;
+  opt.causal = true;
+  full.forward(opt);
+  full.backward(opt);
+  RingShard<float> mine(full, ShardLayout(150, 1), self);
+  ring::RingStats stats;
+  mine.forward(self, opt, &stats);
+  EXPECT_EQ(stats.steps, 1);
+  EXPECT_EQ(stats.bytes_sent, 0u);
+  mine.backward(self, opt);
+  EXPECT_TRUE(same_bits(mine.o, full.o));
+  EXPECT_TRUE(same_bits(mine.lse, full.lse));
+  EXPECT_TRUE(same_bits(mine.dq, full.dq));
+  EXPECT_TRUE(same_bits(mine.dk, full.dk));
+  EXPECT_TRUE(same_bits(mine.dv, full.dv));
+  MPI_Comm_free(&self);
+}
+
+// P steps; the forward sends P - 1 K/V blocks of the longest shard, the backward P - 1
+// blocks and P fp32 dK/dV accumulators.
+TEST(Ring, StatsCountStepsAndBytes) {
+  const ProblemShape sh{1, 101, 101, 4, 2, 32, 16};
+  BackwardProblem<float> full(sh, 5);
+  BackwardOptions opt;
+  opt.causal = true;
+  const ShardLayout layout(101, world_size());
+  RingShard<float> mine(full, layout);
+  ring::RingStats f, b;
+  mine.forward(MPI_COMM_WORLD, opt, &f);
+  mine.backward(MPI_COMM_WORLD, opt, &b);
+  const int P = world_size();
+  const auto block = static_cast<std::uint64_t>(layout.max_local_len() * sh.heads_kv * (sh.head_dim + sh.head_dim_v));
+  EXPECT_EQ(f.steps, P);
+  EXPECT_EQ(f.step_compute_seconds.size(), static_cast<std::size_t>(P));
+  EXPECT_EQ(f.bytes_sent, P == 1 ? 0u : (P - 1) * block * sizeof(float));
+  EXPECT_EQ(b.bytes_sent, P == 1 ? 0u : (P - 1) * block * sizeof(float) + P * block * sizeof(float));
+  EXPECT_GE(f.seconds, f.compute_seconds);
+}
+
+// A NaN in one key reaches exactly the rows that see that key, as in the single process.
+TEST(Ring, NanReachesTheRowsThatSeeIt) {
+  BackwardProblem<float> full({1, 200, 200, 2, 2, 16, 16}, 6);
+  full.k[static_cast<std::size_t>(120 * 2 * 16 + 3)] = std::numeric_limits<float>::quiet_NaN();  // key 120, head 0
+  ForwardOptions opt;
+  opt.causal = true;
+  opt.window_left = 50;
+  full.forward(opt);
+  RingShard<float> mine(full, ShardLayout(200, world_size()));
+  mine.forward(MPI_COMM_WORLD, opt);
+  const std::vector<double> want = mine.rows_of(full.o, 2, 16);
+  const Diff d = diff(mine.o, want, "o");
+  EXPECT_EQ(d.problem, "");
+  EXPECT_LE(d.error, 4e-6 * std::max(d.magnitude, 1.0));
+  EXPECT_EQ(std::count_if(full.o.begin(), full.o.end(), [](float x) { return std::isnan(x); }), 51 * 16);
+}
+
+/// Runs f on every rank; returns the parameter its invalid_argument named ("" if none).
+template <class F>
+std::string thrown_parameter(F&& f) {
+  try {
+    f();
+  } catch (const invalid_argument& e) {
+    return e.parameter();
+  }
+  return "";
+}
+
+// Every rank throws the same parameter, before any transfer, and writes nothing.
+TEST(Ring, ErrorsAreCollectiveAndWriteNothing) {
+  const int P = world_size(), last = P - 1;
+  const bool on_last = world_rank() == last;
+  BackwardProblem<float> full({1, 64, 64, 4, 2, 16, 16}, 8);
+  const ShardLayout layout(64, P);
+  ForwardOptions opt;
+  opt.causal = true;
+  const auto check = [&](const char* want, auto&& call) {
+    RingShard<float> mine(full, layout);
+    EXPECT_EQ(thrown_parameter([&] { call(mine); }), want);
+    EXPECT_TRUE(std::all_of(mine.o.begin(), mine.o.end(), [](float x) { return x == sentinel; })) << want;
+    EXPECT_TRUE(std::all_of(mine.lse.begin(), mine.lse.end(), [](float x) { return x == sentinel; })) << want;
+    EXPECT_TRUE(std::all_of(mine.dq.begin(), mine.dq.end(), [](float x) { return x == sentinel; })) << want;
+  };
+  check("layout", [&](RingShard<float>& m) {
+    m.layout = ShardLayout(64, P + 1);
+    m.forward(MPI_COMM_WORLD, opt);
+  });
+  check("bias", [&](RingShard<float>& m) {
+    std::vector<float> bias(64 * 64);
+    ForwardOptions o = opt;
+    o.bias = {bias.data(), {1, 1, 64, 64}, {0, 0, 64, 1}};
+    m.forward(MPI_COMM_WORLD, o);
+  });
+  check("diagonal_offset", [&](RingShard<float>& m) {
+    BackwardOptions o;
+    o.diagonal_offset = 0;
+    m.backward(MPI_COMM_WORLD, o);
+  });
+  check("q", [&](RingShard<float>& m) {  // the last rank's shard one row short
+    TensorView<float> q = m.view(m.q, 4, 16);
+    if (on_last) q.shape[1] -= 1;
+    ring::ring_forward(MPI_COMM_WORLD, m.layout, q, m.view(m.k, 2, 16), m.view(m.v, 2, 16), m.view(m.o, 4, 16),
+                       m.lse_view(), opt);
+  });
+  check("softmax_scale", [&](RingShard<float>& m) {  // an error only the last rank's checks see
+    ForwardOptions o = opt;
+    if (on_last) o.softmax_scale = -1.0f;
+    m.forward(MPI_COMM_WORLD, o);
+  });
+  if (P == 1) return;  // the rest differ across ranks
+  check("causal", [&](RingShard<float>& m) {
+    ForwardOptions o = opt;
+    o.causal = !on_last;
+    m.forward(MPI_COMM_WORLD, o);
+  });
+  check("heads_kv", [&](RingShard<float>& m) {  // MQA on one rank: each rank's views are valid
+    TensorView<float> k = m.view(m.k, 2, 16), v = m.view(m.v, 2, 16);
+    if (on_last) k.shape[2] = v.shape[2] = 1;
+    ring::ring_forward(MPI_COMM_WORLD, m.layout, m.view(m.q, 4, 16), k, v, m.view(m.o, 4, 16), m.lse_view(), opt);
+  });
+  check("window_left", [&](RingShard<float>& m) {
+    BackwardOptions o;
+    o.causal = true;
+    o.window_left = on_last ? 3 : 4;
+    m.backward(MPI_COMM_WORLD, o);
+  });
+}
+
+}  // namespace
+}  // namespace tileattn::test
+
+// Every rank runs every test; rank 0 prints, and all ranks return the same verdict.
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
+  if (tileattn::test::world_rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS() != 0, any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (failed) std::fprintf(stderr, "ring_test: rank %d failed\n", tileattn::test::world_rank());
+  MPI_Finalize();
+  return any_failed;
+}
