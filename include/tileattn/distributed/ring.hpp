@@ -39,6 +39,7 @@
 #include "tileattn/distributed/ring_comm.hpp"
 #include "tileattn/distributed/shard.hpp"
 #include "tileattn/forward.hpp"
+#include "tileattn/merge_states.hpp"
 
 namespace tileattn::ring {
 
@@ -134,29 +135,22 @@ void add_into(const TensorView<float>& acc, const TensorView<T>& part, const Exe
   });
 }
 
-/// (acc, acc_lse) = the merge of (acc, acc_lse) and (o_c, lse_c), row by row: exact, as
-/// merge_states; a state with LSE -inf adds nothing, a NaN makes the row NaN.
+/// (acc, acc_lse) = the merge of (acc, acc_lse) and one pair's state (o_c, lse_c), in that
+/// order, through merge_states (the split-KV merge); a T state is widened to float first.
 template <class T>
 void merge_into(const TensorView<float>& acc, const StridedView<float, 3>& acc_lse, const TensorView<T>& o_c,
-                const StridedView<float, 3>& lse_c, const Execution& exec) {
-  const index_t B = acc.shape[0], n = acc.shape[1], H = acc.shape[2], dv = acc.shape[3];
-  parallel_for(exec, B * H, [&](index_t item, int) {
-    const index_t b = item / H, h = item % H;
-    for (index_t i = 0; i < n; ++i) {
-      const float l = lse_c(b, h, i), la = acc_lse(b, h, i);
-      if (l == -std::numeric_limits<float>::infinity()) continue;
-      if (std::isnan(l) || std::isnan(la)) {
-        acc_lse(b, h, i) = std::numeric_limits<float>::quiet_NaN();
-        for (index_t c = 0; c < dv; ++c) acc(b, i, h, c) = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      const float m = std::max(l, la);
-      const float wa = std::exp(la - m), wc = std::exp(l - m), sum = wa + wc;
-      for (index_t c = 0; c < dv; ++c)
-        acc(b, i, h, c) = (acc(b, i, h, c) * wa + to_float(o_c(b, i, h, c)) * wc) / sum;
-      acc_lse(b, h, i) = m + std::log(sum);
-    }
-  });
+                const StridedView<float, 3>& lse_c, std::vector<float>& widened, const Execution& exec) {
+  TensorView<const float> state;
+  if constexpr (std::is_same_v<T, float>) {
+    state = o_c;
+  } else {
+    const TensorView<float> w = make_bshd(widened.data(), o_c.shape[0], o_c.shape[1], o_c.shape[2], o_c.shape[3]);
+    copy_into(w, TensorView<const T>(o_c));
+    state = w;
+  }
+  const TensorView<const float> states[2] = {acc, state};
+  const StridedView<const float, 3> lses[2] = {acc_lse, lse_c};
+  tileattn::detail::merge_states<float>(states, lses, acc, acc_lse, exec);
 }
 
 inline double now() { return MPI_Wtime(); }
@@ -234,6 +228,7 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
     std::vector<float> acc_lse(static_cast<std::size_t>(B * H * n), -std::numeric_limits<float>::infinity());
     const index_t part_rows = std::max(layout.chunk(ring.rank, 0).length, layout.chunk(ring.rank, 1).length);
     std::vector<T> part(static_cast<std::size_t>(B * part_rows * H * dv));
+    std::vector<float> widened(std::is_same_v<T, float> ? 0 : part.size());
     std::vector<float> part_lse(static_cast<std::size_t>(B * H * part_rows));
     const TensorView<float> acc_view = make_bshd(acc.data(), B, n, H, dv);
     const StridedView<float, 3> acc_lse_view = make_lse(acc_lse.data(), B, H, n);
@@ -254,7 +249,7 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
                                        rows(blocks.part(cur, 1), kc.local_start, kc.length), o_c, lse_c, po);
           io_total += io_pair;
           merge_into(rows(acc_view, qc.local_start, qc.length), rows(acc_lse_view, qc.local_start, qc.length, 2), o_c,
-                     lse_c, options.execution);
+                     lse_c, widened, options.execution);
           kv.progress();
         }
       const double t1 = now();
