@@ -387,6 +387,14 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>&
   detail::ring_forward<O>(comm, layout, q, k, v, o, lse, options, stats);
 }
 
+/// ring_forward() without the log-sum-exp output.
+template <class Q, class K, class V, class O>
+void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+                  const TensorView<V>& v, const TensorView<O>& o, const ForwardOptions& options = {},
+                  RingStats* stats = nullptr) {
+  ring_forward(comm, layout, q, k, v, o, LseView{}, options, stats);
+}
+
 /// The gradients of ring_forward: dq, dk, dv of this rank's shard (dk and dv summed over
 /// every rank's queries), and options.dsinks summed over all ranks. o and lse are the
 /// forward's outputs on this rank; options the forward's.
