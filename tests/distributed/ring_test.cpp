@@ -236,6 +236,7 @@ TEST(Ring, Bf16WithinFlashAttentionsRule) {
       {"bf16 causal zig-zag GQA", {1, 301, 301, 4, 2, 64, 64}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
       {"bf16 window, contiguous", {2, 150, 150, 2, 2, 32, 32}, Sharding::contiguous,
        [](ForwardOptions& o) { o.window_left = 33, o.window_right = 5; }},
+      {"bf16 causal N 1024, MQA", {1, 1024, 1024, 2, 1, 64, 64}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
   };
   for (const Config& c : cases) {
     SCOPED_TRACE(c.name);

@@ -112,16 +112,25 @@ class BlockBuffers {
   std::vector<std::vector<T>> buffers_;
 };
 
-/// dst = src element by element (the views have one shape), rounded once to D.
+/// The rows of `rank`'s longest chunk: the size of one pair's partial output.
+inline index_t longest_chunk(const ShardLayout& layout, int rank) {
+  index_t rows = 0;
+  for (int c = 0; c < layout.chunks_per_rank(); ++c) rows = std::max(rows, layout.chunk(rank, c).length);
+  return rows;
+}
+
+/// dst = src element by element (the views have one shape), rounded once to D, parallel
+/// over (batch, row).
 template <class D, class S>
-void copy_into(const TensorView<D>& dst, const TensorView<S>& src) {
-  for (index_t b = 0; b < dst.shape[0]; ++b)
-    for (index_t i = 0; i < dst.shape[1]; ++i)
-      for (index_t h = 0; h < dst.shape[2]; ++h)
-        for (index_t c = 0; c < dst.shape[3]; ++c) {
-          if constexpr (std::is_same_v<D, std::remove_const_t<S>>) dst(b, i, h, c) = src(b, i, h, c);
-          else dst(b, i, h, c) = from_float<D>(to_float(src(b, i, h, c)));
-        }
+void copy_into(const TensorView<D>& dst, const TensorView<S>& src, const Execution& exec = {}) {
+  parallel_for(exec, dst.shape[0] * dst.shape[1], [&](index_t item, int) {
+    const index_t b = item / dst.shape[1], i = item % dst.shape[1];
+    for (index_t h = 0; h < dst.shape[2]; ++h)
+      for (index_t c = 0; c < dst.shape[3]; ++c) {
+        if constexpr (std::is_same_v<D, std::remove_const_t<S>>) dst(b, i, h, c) = src(b, i, h, c);
+        else dst(b, i, h, c) = from_float<D>(to_float(src(b, i, h, c)));
+      }
+  });
 }
 
 /// acc += part, as floats, parallel over (batch, row).
@@ -145,7 +154,7 @@ void merge_into(const TensorView<float>& acc, const StridedView<float, 3>& acc_l
     state = o_c;
   } else {
     const TensorView<float> w = make_bshd(widened.data(), o_c.shape[0], o_c.shape[1], o_c.shape[2], o_c.shape[3]);
-    copy_into(w, TensorView<const T>(o_c));
+    copy_into(w, TensorView<const T>(o_c), exec);
     state = w;
   }
   const TensorView<const float> states[2] = {acc, state};
@@ -189,7 +198,7 @@ std::vector<Field> agreed_fields(const ShardLayout& layout, const TensorView<con
           {"heads_kv", k.shape[2]},
           {"head_dim", q.shape[3]},
           {"head_dim_v", v.shape[3]},
-          {"element type", static_cast<std::int64_t>(sizeof(T))},
+          {"element type", std::is_same_v<T, float> ? 0 : std::is_same_v<T, bf16> ? 1 : 2},
           {"causal", o.causal},
           {"window_left", o.window_left},
           {"window_right", o.window_right},
@@ -222,11 +231,11 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
   } else {
     const index_t B = q.shape[0], H = q.shape[2], Hkv = k.shape[2], dv = v.shape[3];
     BlockBuffers<T> blocks(B, layout.max_local_len(), Hkv, {k.shape[3], dv});
-    copy_into(rows(blocks.part(0, 0), 0, n), k);
-    copy_into(rows(blocks.part(0, 1), 0, n), v);
+    copy_into(rows(blocks.part(0, 0), 0, n), k, options.execution);
+    copy_into(rows(blocks.part(0, 1), 0, n), v, options.execution);
     std::vector<float> acc(static_cast<std::size_t>(B * n * H * dv), 0.0f);
     std::vector<float> acc_lse(static_cast<std::size_t>(B * H * n), -std::numeric_limits<float>::infinity());
-    const index_t part_rows = std::max(layout.chunk(ring.rank, 0).length, layout.chunk(ring.rank, 1).length);
+    const index_t part_rows = longest_chunk(layout, ring.rank);
     std::vector<T> part(static_cast<std::size_t>(B * part_rows * H * dv));
     std::vector<float> widened(std::is_same_v<T, float> ? 0 : part.size());
     std::vector<float> part_lse(static_cast<std::size_t>(B * H * part_rows));
@@ -257,7 +266,7 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
       st.step_compute_seconds.push_back(t1 - t0);
       st.step_wait_seconds.push_back(now() - t1);
     }
-    copy_into(o, TensorView<const float>(acc_view));
+    copy_into(o, TensorView<const float>(acc_view), options.execution);
     if (lse.data)
       for (index_t b = 0; b < B; ++b)
         for (index_t h = 0; h < H; ++h)
@@ -299,13 +308,13 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   const index_t B = q.shape[0], n = q.shape[1], H = q.shape[2], Hkv = k.shape[2], d = q.shape[3], dvd = v.shape[3];
   const index_t nmax = layout.max_local_len();
   BlockBuffers<T> blocks(B, nmax, Hkv, {d, dvd});
-  copy_into(rows(blocks.part(0, 0), 0, n), k);
-  copy_into(rows(blocks.part(0, 1), 0, n), v);
+  copy_into(rows(blocks.part(0, 0), 0, n), k, options.execution);
+  copy_into(rows(blocks.part(0, 1), 0, n), v, options.execution);
   // The dK/dV accumulators in fp32: at step t, buffer t % 2 holds the accumulator of the
   // block held (this rank's own at step 0, zero) and is then sent on while buffer
   // 1 - t % 2 receives the next; step_grads collects what this step adds.
   BlockBuffers<float> grads(B, nmax, Hkv, {d, dvd}), step_grads(B, nmax, Hkv, {d, dvd}, 1);
-  const index_t part_q = std::max(layout.chunk(ring.rank, 0).length, layout.chunk(ring.rank, 1).length);
+  const index_t part_q = longest_chunk(layout, ring.rank);
   std::vector<T> dq_c(static_cast<std::size_t>(B * part_q * H * d)), dk_c(static_cast<std::size_t>(B * nmax * Hkv * d)),
       dv_c(static_cast<std::size_t>(B * nmax * Hkv * dvd));
   std::vector<float> dq_acc(static_cast<std::size_t>(B * n * H * d), 0.0f), dsinks(static_cast<std::size_t>(H), 0.0f),
@@ -360,9 +369,9 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   const int home = ring.size % 2;
   if (!options.dsinks.empty()) sum_in_rank_order(ring, dsinks);
   // Every transfer is done: the outputs are written only now.
-  copy_into(dq, TensorView<const float>(dq_acc_view));
-  copy_into(dk, rows(TensorView<const float>(grads.part(home, 0)), 0, n));
-  copy_into(dv, rows(TensorView<const float>(grads.part(home, 1)), 0, n));
+  copy_into(dq, TensorView<const float>(dq_acc_view), options.execution);
+  copy_into(dk, rows(TensorView<const float>(grads.part(home, 0)), 0, n), options.execution);
+  copy_into(dv, rows(TensorView<const float>(grads.part(home, 1)), 0, n), options.execution);
   if (!options.dsinks.empty()) std::copy(dsinks.begin(), dsinks.end(), options.dsinks.begin());
   if (options.io_counts) *options.io_counts = io_total;
   st.bytes_sent = kv.bytes_sent() + grad.bytes_sent();

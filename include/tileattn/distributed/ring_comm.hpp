@@ -30,16 +30,24 @@ inline void mpi_check(int code, const char* call) {
   throw std::runtime_error(std::string("tileattn: ") + call + " failed: " + std::string(text, static_cast<std::size_t>(length)));
 }
 
-/// A rank's place in the ring: it sends to next() and receives from prev().
+/// A rank's place in the ring: it sends to next() and receives from prev(). The ring talks
+/// on its own duplicate of the caller's communicator (collective, freed at the end), so
+/// its messages never match the application's, whatever their tags.
 struct RingComm {
-  MPI_Comm comm;
+  MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
 
-  explicit RingComm(MPI_Comm c) : comm(c) {
+  explicit RingComm(MPI_Comm c) {
     TILEATTN_REQUIRE(c != MPI_COMM_NULL, "comm", "is MPI_COMM_NULL");
-    mpi_check(MPI_Comm_rank(c, &rank), "MPI_Comm_rank");
-    mpi_check(MPI_Comm_size(c, &size), "MPI_Comm_size");
+    mpi_check(MPI_Comm_dup(c, &comm), "MPI_Comm_dup");
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
   }
+  ~RingComm() {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+  RingComm(const RingComm&) = delete;
+  RingComm& operator=(const RingComm&) = delete;
   int next() const { return (rank + 1) % size; }
   int prev() const { return (rank + size - 1) % size; }
   /// Whose block this rank holds at ring step `step`: blocks move to next() each step.
