@@ -3,7 +3,7 @@
 //
 //   mpirun -np 4 --bind-to none ./bench_ring [--seqlen 8192] [--heads 8] [--heads-kv 8]
 //       [--head-dim 128] [--dtype fp32|bf16] [--causal 0|1] [--sharding zigzag|contiguous]
-//       [--reps 5] [--backward 0|1] [--threads T]
+//       [--reps 5] [--backward 0|1] [--threads T] [--mpi-thread serialized|funneled]
 //   (as root: mpirun --allow-run-as-root --oversubscribe ...; benchmarks/ring.sh runs a sweep)
 //
 // After one warm-up, for --reps repetitions, it times:
@@ -51,13 +51,14 @@ struct Args {
   std::string dtype = "fp32", sharding = "zigzag";
   bool causal = true, backward = false;
   int reps = 5, threads = 0;  // 0: hardware threads / ranks (at least 1)
+  std::string mpi_thread = "serialized";  // serialized: the ring's progress thread; funneled: none
 };
 
 [[noreturn]] void usage(int rank, const std::string& what) {
   if (rank == 0)
     std::fprintf(stderr,
                  "bench_ring: %s\nflags: --seqlen N --heads H --heads-kv Hkv --head-dim d --dtype fp32|bf16 "
-                 "--causal 0|1 --sharding zigzag|contiguous --reps R --backward 0|1 --threads T\n",
+                 "--causal 0|1 --sharding zigzag|contiguous --reps R --backward 0|1 --threads T --mpi-thread serialized|funneled\n",
                  what.c_str());
   MPI_Finalize();
   std::exit(2);
@@ -80,6 +81,7 @@ Args parse(int argc, char** argv, int rank) {
       else if (flag == "--reps") a.reps = std::stoi(value);
       else if (flag == "--backward") a.backward = std::stoi(value) != 0;
       else if (flag == "--threads") a.threads = std::stoi(value);
+      else if (flag == "--mpi-thread") a.mpi_thread = value;
       else usage(rank, "unknown flag " + flag);
     } catch (const std::logic_error&) {
       usage(rank, "bad value '" + value + "' for " + flag);
@@ -137,7 +139,7 @@ void quiet_barrier() {
 struct Phase {
   int steps = 0;
   std::vector<std::vector<double>> compute, wait, comm;  // [rep][step]
-  std::vector<double> seconds, compute_max, compute_min;
+  std::vector<double> seconds, compute_max, compute_min, in_steps;  // in_steps: compute + waits
   std::vector<std::vector<double>> rank_compute;  // [rep][rank], total compute
   std::uint64_t bytes_sent = 0;
 
@@ -151,6 +153,7 @@ struct Phase {
     }
     local.push_back(st.seconds);
     local.push_back(st.compute_seconds);
+    local.push_back(st.compute_seconds + st.wait_seconds);
     const std::vector<double> mx = reduce(local, MPI_MAX);
     const std::vector<double> mn = reduce({st.compute_seconds}, MPI_MIN);
     std::vector<double> all(static_cast<std::size_t>(size));
@@ -165,6 +168,7 @@ struct Phase {
     compute.push_back(c), wait.push_back(w), comm.push_back(m);
     seconds.push_back(mx[3 * size]);
     compute_max.push_back(mx[3 * size + 1]);
+    in_steps.push_back(mx[3 * size + 2]);
     compute_min.push_back(mn[0]);
     rank_compute.push_back(all);
     bytes_sent = st.bytes_sent;
@@ -198,6 +202,22 @@ void print_phase(const char* name, const Phase& ph, double flops, const std::vec
   for (std::size_t r = 0; r < total_c.size(); ++r) hidden_total.push_back(clamp01(1.0 - total_w[r] / total_m[r]));
   std::printf("| all | %s | %s | %s | %s |\n", fmt(summarize(total_c)).c_str(), fmt(summarize(total_w)).c_str(),
               P > 1 ? fmt(summarize(total_m)).c_str() : "-", P > 1 ? fmt(summarize(hidden_total), "%.2f").c_str() : "-");
+  // A rank's wait also holds the time its neighbours' compute ran longer than its own
+  // (imbalance, jitter), which no overlap hides. Beyond the slowest compute: the time the
+  // slowest rank spent in the steps (compute + waits; not the set-up and the final copies)
+  // minus the sum over steps of the slowest rank's compute; what of it communication would
+  // explain is at most the communication alone.
+  if (P > 1) {
+    std::vector<double> beyond, hidden_beyond;
+    for (std::size_t r = 0; r < total_c.size(); ++r) {
+      beyond.push_back(std::max(0.0, ph.in_steps[r] - total_c[r]));
+      hidden_beyond.push_back(clamp01(1.0 - beyond.back() / total_m[r]));
+    }
+    std::printf("\ntime beyond the slowest compute (time in the steps - sum of the steps' slowest compute): %s s; "
+                "communication alone %s s; hidden by that measure: %s\n",
+                fmt(summarize(beyond)).c_str(), fmt(summarize(total_m)).c_str(),
+                fmt(summarize(hidden_beyond), "%.2f").c_str());
+  }
   std::vector<double> gflops, spread, ref_gflops;
   for (double t : ph.seconds) gflops.push_back(flops / t * 1e-9);
   for (std::size_t r = 0; r < ph.seconds.size(); ++r) spread.push_back(ph.compute_max[r] / ph.compute_min[r]);
@@ -365,11 +385,20 @@ int run(const Args& a, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The thread level is chosen before MPI_Init: serialized lets the ring run its progress
+  // thread during compute; funneled leaves the transfers to MPI calls between kernels.
+  bool funneled = false;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--mpi-thread" && std::string(argv[i + 1]) == "funneled") funneled = true;
+  const int wanted = funneled ? MPI_THREAD_FUNNELED : MPI_THREAD_SERIALIZED;
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, wanted, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (provided < MPI_THREAD_FUNNELED) usage(rank, "the MPI library does not provide MPI_THREAD_FUNNELED");
+  if (provided < wanted) usage(rank, "the MPI library does not provide the thread level asked for");
+  if (rank == 0)
+    std::printf("MPI thread level: %s (progress thread during compute: %s)\n", funneled ? "funneled" : "serialized",
+                ring::detail::BackgroundProgress::allowed() ? "yes" : "no, between kernels");
   const Args a = parse(argc, argv, rank);
   int code = 0;
   try {

@@ -13,7 +13,9 @@
 #   SEQLEN=8192 REPS=9 RANKS="2 4 8" THREADS=2 BENCH_RING=build-x/benchmarks/bench_ring bash benchmarks/ring.sh
 # Environment (defaults): BENCH_RING (build/benchmarks/bench_ring), SEQLEN (4096), HEADS (8),
 # HEADS_KV (8), HEAD_DIM (128), DTYPE (fp32), REPS (5), BACKWARD (1), RANKS ("2 4"),
-# THREADS (nproc / P), CASES ("causal-zigzag causal-contiguous noncausal"), MPIRUN_FLAGS (extra).
+# THREADS (nproc / P), CASES ("causal-zigzag causal-contiguous noncausal"), MPI_THREAD
+# (serialized: transfers move on the ring's progress thread; funneled: between kernels),
+# MPIRUN_FLAGS (extra).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="${BENCH_RING:-$repo/build/benchmarks/bench_ring}"
@@ -22,6 +24,7 @@ bin="${BENCH_RING:-$repo/build/benchmarks/bench_ring}"
 seqlen=${SEQLEN:-4096} heads=${HEADS:-8} heads_kv=${HEADS_KV:-8} head_dim=${HEAD_DIM:-128}
 dtype=${DTYPE:-fp32} reps=${REPS:-5} backward=${BACKWARD:-1} ranks=${RANKS:-"2 4"}
 cases=${CASES:-"causal-zigzag causal-contiguous noncausal"}
+mpi_thread=${MPI_THREAD:-serialized}  # serialized: the ring's progress thread; funneled: none
 cores=$(nproc)
 mpirun=(mpirun --oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && mpirun+=(--allow-run-as-root)
@@ -43,7 +46,7 @@ for p in $ranks; do
     esac
     cmd=(env OMP_NUM_THREADS="$threads" "${mpirun[@]}" -np "$p" -x OMP_NUM_THREADS "$bin" --seqlen "$seqlen"
          --heads "$heads" --heads-kv "$heads_kv" --head-dim "$head_dim" --dtype "$dtype" "${flags[@]}"
-         --reps "$reps" --backward "$backward" --threads "$threads")
+         --reps "$reps" --backward "$backward" --threads "$threads" --mpi-thread "$mpi_thread")
     echo
     echo "---------------------------------------------------------------------------------"
     echo "+ ${cmd[*]}"

@@ -4,6 +4,7 @@
 // GQA and sequence lengths that do not divide (down to ranks with no rows); bf16 under
 // FlashAttention's rule; the same bits on every run and thread count; one rank is the
 // local kernel; collective errors that write nothing; NaN reaching the rows that see it.
+// ctest runs it with the transfers progressed between kernels and on the progress thread.
 // Every rank builds the same full problem from one seed and checks its own shard.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -460,10 +462,18 @@ TEST(Ring, ErrorsAreCollectiveAndWriteNothing) {
 }  // namespace
 }  // namespace tileattn::test
 
-// Every rank runs every test; rank 0 prints, and all ranks return the same verdict.
+// Every rank runs every test; rank 0 prints, and all ranks return the same verdict. With
+// RING_TEST_MPI_THREAD=serialized, MPI allows the ring's progress thread, so the transfers
+// move on it rather than between kernels (both paths are registered with ctest).
 int main(int argc, char** argv) {
+  const char* level = std::getenv("RING_TEST_MPI_THREAD");
+  const bool serialized = level && std::string(level) == "serialized";
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, serialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_FUNNELED, &provided);
+  if (serialized != tileattn::ring::detail::BackgroundProgress::allowed()) {
+    std::fprintf(stderr, "ring_test: asked for %s, MPI provided thread level %d\n", level ? level : "funneled", provided);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
   ::testing::InitGoogleTest(&argc, argv);
   if (tileattn::test::world_rank() != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

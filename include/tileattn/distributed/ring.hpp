@@ -8,7 +8,8 @@
 //
 // Forward: each rank keeps its queries; the K/V blocks travel around the ring (rank r sends
 // to r+1), P - 1 steps, the next block received (MPI_Isend / MPI_Irecv) while the current
-// one is computed. A step runs the single-process kernel on each (query chunk, key chunk)
+// one is computed (with MPI_THREAD_SERIALIZED or above, a thread keeps those transfers
+// moving during the compute; otherwise they move between kernels). A step runs the single-process kernel on each (query chunk, key chunk)
 // pair that any query can see, with ScoreOptions::diagonal_offset = the chunks' position
 // difference, so causal, window and ALiBi see global positions; the sink joins the local
 // diagonal pair only. Partial states merge exactly by log-sum-exp in a fixed order (step,
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <string>
@@ -210,75 +212,191 @@ std::vector<Field> agreed_fields(const ShardLayout& layout, const TensorView<con
           {"dsinks", dsinks}};
 }
 
+/// Calls f(qc, kc, diagonal) for each (query chunk of `rank`, key chunk of `src`) pair that
+/// some query can see, in the fixed order the merge depends on. diagonal: a chunk paired
+/// with itself (the local step), the only pair that carries the sink.
+template <class F>
+void for_each_pair(const ShardLayout& layout, int rank, int src, const ScoreOptions& options, F&& f) {
+  for (int qi = 0; qi < layout.chunks_per_rank(); ++qi)
+    for (int ki = 0; ki < layout.chunks_per_rank(); ++ki) {
+      const Chunk qc = layout.chunk(rank, qi), kc = layout.chunk(src, ki);
+      if (pair_visible(options, qc, kc)) f(qc, kc, rank == src && qi == ki);
+    }
+}
+
+/// Runs a step's compute, body(between_kernels), while `in_flight` transfers move: on a
+/// progress thread when MPI allows one, else in between_kernels() calls.
+template <class Body>
+void compute_while_moving(std::initializer_list<Exchange*> in_flight, Body&& body) {
+  const BackgroundProgress background(in_flight);
+  body([&] {
+    if (!background.active())
+      for (Exchange* e : in_flight) e->progress();
+  });
+}
+
+/// Where the time of the step just run went (compute, then waits), added to `st`.
+inline void record_step(RingStats& st, double compute, double wait) {
+  st.step_compute_seconds.push_back(compute);
+  st.step_wait_seconds.push_back(wait);
+  st.compute_seconds += compute;
+  st.wait_seconds += wait;
+}
+
+/// A rank's forward state: its O (fp32) and LSE over the keys merged so far, and the buffers
+/// of one pair's partial state.
+template <class T>
+class ForwardAccumulator {
+ public:
+  ForwardAccumulator(index_t batch, index_t rows, index_t heads, index_t dv, index_t pair_rows)
+      : batch_(batch), heads_(heads), dv_(dv),
+        o_(static_cast<std::size_t>(batch * rows * heads * dv), 0.0f),
+        lse_(static_cast<std::size_t>(batch * heads * rows), -std::numeric_limits<float>::infinity()),
+        pair_o_(static_cast<std::size_t>(batch * pair_rows * heads * dv)),
+        pair_lse_(static_cast<std::size_t>(batch * heads * pair_rows)),
+        widened_(std::is_same_v<T, float> ? 0 : pair_o_.size()),
+        o_view_(make_bshd(o_.data(), batch, rows, heads, dv)),
+        lse_view_(make_lse(lse_.data(), batch, heads, rows)) {}
+
+  /// Query chunk qc (its rows of q) against key chunk kc (its rows of the K/V block held),
+  /// merged into the rows of qc.
+  void attend(const TensorView<const T>& q, const TensorView<T>& k_block, const TensorView<T>& v_block,
+              const Chunk& qc, const Chunk& kc, const ForwardOptions& options) {
+    const TensorView<T> o_c = make_bshd(pair_o_.data(), batch_, qc.length, heads_, dv_);
+    const LseView lse_c = make_lse(pair_lse_.data(), batch_, heads_, qc.length);
+    tileattn::detail::forward<T, T>(rows(q, qc.local_start, qc.length), rows(k_block, kc.local_start, kc.length),
+                                    rows(v_block, kc.local_start, kc.length), o_c, lse_c, options);
+    merge_into(rows(o_view_, qc.local_start, qc.length), rows(lse_view_, qc.local_start, qc.length, 2), o_c, lse_c,
+               widened_, options.execution);
+  }
+
+  /// o and lse (when set) = the merged state, rounded once to T.
+  void write(const TensorView<T>& o, const LseView& lse, const Execution& exec) const {
+    copy_into(o, TensorView<const float>(o_view_), exec);
+    if (!lse.data) return;
+    for (index_t b = 0; b < lse.shape[0]; ++b)
+      for (index_t h = 0; h < lse.shape[1]; ++h)
+        for (index_t i = 0; i < lse.shape[2]; ++i) lse(b, h, i) = lse_view_(b, h, i);
+  }
+
+ private:
+  index_t batch_, heads_, dv_;
+  std::vector<float> o_, lse_;
+  std::vector<T> pair_o_;
+  std::vector<float> pair_lse_, widened_;
+  TensorView<float> o_view_;
+  StridedView<float, 3> lse_view_;
+};
+
 template <class T>
 void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> q, TensorView<const T> k,
                   TensorView<const T> v, TensorView<T> o, LseView lse, const ForwardOptions& options, RingStats* stats) {
   const double start = now();
   const RingComm ring(comm);
   const index_t n = q.shape[1];
-  const auto fields = agreed_fields(layout, q, k, v, options, false);
   agree(ring, [&] {
     check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
     if (n > 0) tileattn::detail::checked_params<T, T>(q, k, v, o, lse, options);
-  }, fields);
+  }, agreed_fields(layout, q, k, v, options, false));
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {  // the local kernel: the whole sequence is here, in order
-    const double t0 = now();
     tileattn::detail::forward<T, T>(q, k, v, o, lse, options);
-    st.step_compute_seconds.push_back(now() - t0);
-    st.step_wait_seconds.push_back(0.0);
+    record_step(st, now() - start, 0.0);
   } else {
     const index_t B = q.shape[0], H = q.shape[2], Hkv = k.shape[2], dv = v.shape[3];
     BlockBuffers<T> blocks(B, layout.max_local_len(), Hkv, {k.shape[3], dv});
     copy_into(rows(blocks.part(0, 0), 0, n), k, options.execution);
     copy_into(rows(blocks.part(0, 1), 0, n), v, options.execution);
-    std::vector<float> acc(static_cast<std::size_t>(B * n * H * dv), 0.0f);
-    std::vector<float> acc_lse(static_cast<std::size_t>(B * H * n), -std::numeric_limits<float>::infinity());
-    const index_t part_rows = longest_chunk(layout, ring.rank);
-    std::vector<T> part(static_cast<std::size_t>(B * part_rows * H * dv));
-    std::vector<float> widened(std::is_same_v<T, float> ? 0 : part.size());
-    std::vector<float> part_lse(static_cast<std::size_t>(B * H * part_rows));
-    const TensorView<float> acc_view = make_bshd(acc.data(), B, n, H, dv);
-    const StridedView<float, 3> acc_lse_view = make_lse(acc_lse.data(), B, H, n);
+    ForwardAccumulator<T> acc(B, n, H, dv, longest_chunk(layout, ring.rank));
     IoCounts io_total, io_pair;
     Exchange kv;
     for (int step = 0; step < ring.size; ++step) {
-      const int cur = step % 2, src = ring.source(step);
+      const int cur = step % 2;
       if (step + 1 < ring.size) kv.post(ring, blocks.data(cur), blocks.data(1 - cur), blocks.bytes(), 1000 + step);
       const double t0 = now();
-      for (int qi = 0; qi < layout.chunks_per_rank(); ++qi)
-        for (int ki = 0; ki < layout.chunks_per_rank(); ++ki) {
-          const Chunk qc = layout.chunk(ring.rank, qi), kc = layout.chunk(src, ki);
-          if (!pair_visible(options, qc, kc)) continue;
-          const ForwardOptions po = pair_options(options, qc, kc, step == 0 && qi == ki, &io_pair);
-          const TensorView<T> o_c = make_bshd(part.data(), B, qc.length, H, dv);
-          const LseView lse_c = make_lse(part_lse.data(), B, H, qc.length);
-          tileattn::detail::forward<T, T>(rows(q, qc.local_start, qc.length), rows(blocks.part(cur, 0), kc.local_start, kc.length),
-                                       rows(blocks.part(cur, 1), kc.local_start, kc.length), o_c, lse_c, po);
+      compute_while_moving({&kv}, [&](auto&& between_kernels) {
+        for_each_pair(layout, ring.rank, ring.source(step), options, [&](const Chunk& qc, const Chunk& kc, bool diagonal) {
+          acc.attend(q, blocks.part(cur, 0), blocks.part(cur, 1), qc, kc, pair_options(options, qc, kc, diagonal, &io_pair));
           io_total += io_pair;
-          merge_into(rows(acc_view, qc.local_start, qc.length), rows(acc_lse_view, qc.local_start, qc.length, 2), o_c,
-                     lse_c, widened, options.execution);
-          kv.progress();
-        }
+          between_kernels();
+        });
+      });
       const double t1 = now();
       kv.wait();
-      st.step_compute_seconds.push_back(t1 - t0);
-      st.step_wait_seconds.push_back(now() - t1);
+      record_step(st, t1 - t0, now() - t1);
     }
-    copy_into(o, TensorView<const float>(acc_view), options.execution);
-    if (lse.data)
-      for (index_t b = 0; b < B; ++b)
-        for (index_t h = 0; h < H; ++h)
-          for (index_t i = 0; i < n; ++i) lse(b, h, i) = acc_lse_view(b, h, i);
+    acc.write(o, lse, options.execution);  // every transfer is done: the outputs are written only now
     if (options.io_counts) *options.io_counts = io_total;
     st.bytes_sent = kv.bytes_sent();
   }
-  for (double s : st.step_compute_seconds) st.compute_seconds += s;
-  for (double s : st.step_wait_seconds) st.wait_seconds += s;
   st.seconds = now() - start;
   if (stats) *stats = std::move(st);
 }
+
+/// A rank's backward state: dQ of its rows (fp32), the dK/dV accumulators that travel with
+/// the K/V blocks (fp32; at step t buffer t % 2 holds the accumulator of the block held,
+/// then is sent on while the other receives the next), this step's dK/dV, dsinks, and one
+/// pair's gradient buffers.
+template <class T>
+class BackwardAccumulators {
+ public:
+  BackwardAccumulators(index_t batch, index_t rows, index_t block_rows, index_t heads, index_t heads_kv, index_t d,
+                       index_t dv, index_t pair_rows)
+      : batch_(batch), heads_(heads), heads_kv_(heads_kv), d_(d), dv_(dv),
+        travelling_(batch, block_rows, heads_kv, {d, dv}), step_(batch, block_rows, heads_kv, {d, dv}, 1),
+        dq_(static_cast<std::size_t>(batch * rows * heads * d), 0.0f), dsinks_(static_cast<std::size_t>(heads), 0.0f),
+        pair_dq_(static_cast<std::size_t>(batch * pair_rows * heads * d)),
+        pair_dk_(static_cast<std::size_t>(batch * block_rows * heads_kv * d)),
+        pair_dv_(static_cast<std::size_t>(batch * block_rows * heads_kv * dv)), pair_dsinks_(dsinks_.size()),
+        dq_view_(make_bshd(dq_.data(), batch, rows, heads, d)) {}
+
+  void start_step() { step_.fill(0, 0.0f); }
+  /// The travelling dK/dV accumulators (two buffers) and this rank's dsinks sum.
+  BlockBuffers<float>& travelling() { return travelling_; }
+  std::vector<float>& dsinks() { return dsinks_; }
+
+  /// The gradients of pair (qc, kc): dQ into this rank's rows, dK/dV into this step's.
+  void attend(const TensorView<const T>& q, const TensorView<T>& k_block, const TensorView<T>& v_block,
+              const TensorView<const T>& o, const StridedView<const float, 3>& lse, const TensorView<const T>& dout,
+              const Chunk& qc, const Chunk& kc, BackwardOptions options, bool want_dsinks) {
+    options.dsinks = want_dsinks ? std::span<float>(pair_dsinks_) : std::span<float>{};
+    const TensorView<T> dq = make_bshd(pair_dq_.data(), batch_, qc.length, heads_, d_);
+    const TensorView<T> dk = make_bshd(pair_dk_.data(), batch_, kc.length, heads_kv_, d_);
+    const TensorView<T> dv = make_bshd(pair_dv_.data(), batch_, kc.length, heads_kv_, dv_);
+    const auto q_rows = [&](const auto& t) { return rows(t, qc.local_start, qc.length); };
+    tileattn::detail::backward<T>(q_rows(q), rows(k_block, kc.local_start, kc.length),
+                                  rows(v_block, kc.local_start, kc.length), q_rows(o),
+                                  rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, options);
+    add_into(q_rows(dq_view_), dq, options.execution);
+    add_into(rows(step_.part(0, 0), kc.local_start, kc.length), dk, options.execution);
+    add_into(rows(step_.part(0, 1), kc.local_start, kc.length), dv, options.execution);
+    if (want_dsinks)
+      for (std::size_t h = 0; h < dsinks_.size(); ++h) dsinks_[h] += pair_dsinks_[h];
+  }
+
+  /// The held block's accumulator += this step's gradients.
+  void add_step(int held, const Execution& exec) {
+    add_into(travelling_.part(held, 0), step_.part(0, 0), exec);
+    add_into(travelling_.part(held, 1), step_.part(0, 1), exec);
+  }
+
+  /// dq, and dk, dv from the accumulator in buffer `home` (this rank's own block), rounded once.
+  void write(const TensorView<T>& dq, const TensorView<T>& dk, const TensorView<T>& dv, int home, index_t rows_here,
+             const Execution& exec) {
+    copy_into(dq, TensorView<const float>(dq_view_), exec);
+    copy_into(dk, rows(TensorView<const float>(travelling_.part(home, 0)), 0, rows_here), exec);
+    copy_into(dv, rows(TensorView<const float>(travelling_.part(home, 1)), 0, rows_here), exec);
+  }
+
+ private:
+  index_t batch_, heads_, heads_kv_, d_, dv_;
+  BlockBuffers<float> travelling_, step_;
+  std::vector<float> dq_, dsinks_;
+  std::vector<T> pair_dq_, pair_dk_, pair_dv_;
+  std::vector<float> pair_dsinks_;
+  TensorView<float> dq_view_;
+};
 
 template <class T>
 void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> q, TensorView<const T> k,
@@ -287,101 +405,68 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
                    const BackwardOptions& options, RingStats* stats) {
   const double start = now();
   const RingComm ring(comm);
-  const auto fields = agreed_fields(layout, q, k, v, options, !options.dsinks.empty());
+  const index_t n = q.shape[1];
   agree(ring, [&] {
     check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
-    if (q.shape[1] > 0)
-      tileattn::detail::checked_backward_params<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
-  }, fields);
+    if (n > 0) tileattn::detail::checked_backward_params<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
+  }, agreed_fields(layout, q, k, v, options, !options.dsinks.empty()));
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {
-    const double t0 = now();
     tileattn::detail::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
-    st.compute_seconds = now() - t0;
-    st.step_compute_seconds.push_back(st.compute_seconds);
-    st.step_wait_seconds.push_back(0.0);
+    record_step(st, now() - start, 0.0);
     st.seconds = now() - start;
     if (stats) *stats = std::move(st);
     return;
   }
-  const index_t B = q.shape[0], n = q.shape[1], H = q.shape[2], Hkv = k.shape[2], d = q.shape[3], dvd = v.shape[3];
-  const index_t nmax = layout.max_local_len();
-  BlockBuffers<T> blocks(B, nmax, Hkv, {d, dvd});
+  const index_t B = q.shape[0], Hkv = k.shape[2], nmax = layout.max_local_len();
+  BlockBuffers<T> blocks(B, nmax, Hkv, {q.shape[3], v.shape[3]});
   copy_into(rows(blocks.part(0, 0), 0, n), k, options.execution);
   copy_into(rows(blocks.part(0, 1), 0, n), v, options.execution);
-  // The dK/dV accumulators in fp32: at step t, buffer t % 2 holds the accumulator of the
-  // block held (this rank's own at step 0, zero) and is then sent on while buffer
-  // 1 - t % 2 receives the next; step_grads collects what this step adds.
-  BlockBuffers<float> grads(B, nmax, Hkv, {d, dvd}), step_grads(B, nmax, Hkv, {d, dvd}, 1);
-  const index_t part_q = longest_chunk(layout, ring.rank);
-  std::vector<T> dq_c(static_cast<std::size_t>(B * part_q * H * d)), dk_c(static_cast<std::size_t>(B * nmax * Hkv * d)),
-      dv_c(static_cast<std::size_t>(B * nmax * Hkv * dvd));
-  std::vector<float> dq_acc(static_cast<std::size_t>(B * n * H * d), 0.0f), dsinks(static_cast<std::size_t>(H), 0.0f),
-      dsinks_c(static_cast<std::size_t>(H));
-  const TensorView<float> dq_acc_view = make_bshd(dq_acc.data(), B, n, H, d);
+  BackwardAccumulators<T> acc(B, n, nmax, q.shape[2], Hkv, q.shape[3], v.shape[3], longest_chunk(layout, ring.rank));
   IoCounts io_total, io_pair;
   Exchange kv, grad;
   for (int step = 0; step < ring.size; ++step) {
-    const int cur = step % 2, src = ring.source(step);
+    const int cur = step % 2, held = step % 2;
     if (step + 1 < ring.size) kv.post(ring, blocks.data(cur), blocks.data(1 - cur), blocks.bytes(), 2000 + step);
     const double t0 = now();
-    step_grads.fill(0, 0.0f);
-    for (int qi = 0; qi < layout.chunks_per_rank(); ++qi)
-      for (int ki = 0; ki < layout.chunks_per_rank(); ++ki) {
-        const Chunk qc = layout.chunk(ring.rank, qi), kc = layout.chunk(src, ki);
-        if (!pair_visible(options, qc, kc)) continue;
-        const bool diagonal = step == 0 && qi == ki;
-        BackwardOptions po = pair_options(options, qc, kc, diagonal, &io_pair);
-        po.dsinks = diagonal && !options.dsinks.empty() ? std::span<float>(dsinks_c) : std::span<float>{};
-        const TensorView<T> dq_v = make_bshd(dq_c.data(), B, qc.length, H, d);
-        const TensorView<T> dk_v = make_bshd(dk_c.data(), B, kc.length, Hkv, d);
-        const TensorView<T> dv_v = make_bshd(dv_c.data(), B, kc.length, Hkv, dvd);
-        const auto q_rows = [&](const auto& t) { return rows(t, qc.local_start, qc.length); };
-        tileattn::detail::backward<T>(q_rows(q), rows(blocks.part(cur, 0), kc.local_start, kc.length),
-                                      rows(blocks.part(cur, 1), kc.local_start, kc.length), q_rows(o),
-                                      rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq_v, dk_v, dv_v, po);
+    acc.start_step();
+    compute_while_moving({&kv, &grad}, [&](auto&& between_kernels) {
+      for_each_pair(layout, ring.rank, ring.source(step), options, [&](const Chunk& qc, const Chunk& kc, bool diagonal) {
+        acc.attend(q, blocks.part(cur, 0), blocks.part(cur, 1), o, lse, dout, qc, kc,
+                   pair_options(options, qc, kc, diagonal, &io_pair), diagonal && !options.dsinks.empty());
         io_total += io_pair;
-        add_into(q_rows(dq_acc_view), dq_v, options.execution);
-        add_into(rows(step_grads.part(0, 0), kc.local_start, kc.length), dk_v, options.execution);
-        add_into(rows(step_grads.part(0, 1), kc.local_start, kc.length), dv_v, options.execution);
-        if (!po.dsinks.empty())
-          for (std::size_t h = 0; h < dsinks.size(); ++h) dsinks[h] += dsinks_c[h];
-        kv.progress();
-        grad.progress();
-      }
+        between_kernels();
+      });
+    });
+    // The held block's accumulator: zero for this rank's own block, else the one the
+    // previous rank sent after its step (in flight during this step's compute).
     const double t1 = now();
-    const int held = step % 2;
-    if (step == 0) grads.fill(0, 0.0f);
-    else grad.wait();  // the previous rank's accumulator for this block, sent after its step
+    if (step == 0) acc.travelling().fill(0, 0.0f);
+    else grad.wait();
     const double t2 = now();
-    add_into(grads.part(held, 0), step_grads.part(0, 0), options.execution);
-    add_into(grads.part(held, 1), step_grads.part(0, 1), options.execution);
-    grad.post(ring, grads.data(held), grads.data(1 - held), grads.bytes(), 3000 + step);
+    acc.add_step(held, options.execution);
+    grad.post(ring, acc.travelling().data(held), acc.travelling().data(1 - held), acc.travelling().bytes(), 3000 + step);
     const double t3 = now();
     kv.wait();
-    st.step_compute_seconds.push_back((t1 - t0) + (t3 - t2));
-    st.step_wait_seconds.push_back((t2 - t1) + (now() - t3));
+    record_step(st, (t1 - t0) + (t3 - t2), (t2 - t1) + (now() - t3));
   }
   const double t_home = now();
   grad.wait();  // after P shifts each block's accumulator is home
   st.step_wait_seconds.back() += now() - t_home;
-  const int home = ring.size % 2;
-  if (!options.dsinks.empty()) sum_in_rank_order(ring, dsinks);
+  st.wait_seconds += now() - t_home;
+  if (!options.dsinks.empty()) sum_in_rank_order(ring, acc.dsinks());
   // Every transfer is done: the outputs are written only now.
-  copy_into(dq, TensorView<const float>(dq_acc_view), options.execution);
-  copy_into(dk, rows(TensorView<const float>(grads.part(home, 0)), 0, n), options.execution);
-  copy_into(dv, rows(TensorView<const float>(grads.part(home, 1)), 0, n), options.execution);
-  if (!options.dsinks.empty()) std::copy(dsinks.begin(), dsinks.end(), options.dsinks.begin());
+  acc.write(dq, dk, dv, ring.size % 2, n, options.execution);
+  if (!options.dsinks.empty()) std::copy(acc.dsinks().begin(), acc.dsinks().end(), options.dsinks.begin());
   if (options.io_counts) *options.io_counts = io_total;
   st.bytes_sent = kv.bytes_sent() + grad.bytes_sent();
-  for (double s : st.step_compute_seconds) st.compute_seconds += s;
-  for (double s : st.step_wait_seconds) st.wait_seconds += s;
   st.seconds = now() - start;
   if (stats) *stats = std::move(st);
 }
 
 }  // namespace detail
+
 /// Attention of this rank's queries to the whole sequence: o and lse (optional) of the
 /// rank's shard, as forward() over the full tensors would give them (within fp32 rounding;
 /// the same bits on every run). q, k, v, o: [batch, layout.local_len(rank), heads, dim]
