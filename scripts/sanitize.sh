@@ -5,7 +5,8 @@
 #      the kernels the suites test, and building them again under ASan took minutes of CI)
 #      nor four numerical sweeps (the docs' error-figure printers, the accuracy-ratio sweep,
 #      the every-feature combination, the 1023 x 1024 backward: 2.8 of ASan's 6.6 minutes of
-#      tests), which the Release run keeps;
+#      tests), which the Release run keeps; with MPI, ring attention's suite on 2 ranks and
+#      on 3 with its progress thread (leak checks off there: Open MPI's own allocations);
 #   2. the suites that run the kernels on several threads under ThreadSanitizer (clang with
 #      LLVM's libomp and its Archer tool, so OpenMP's synchronisation is visible). Built
 #      without oneTBB: Debian's libtbb is not instrumented and its task hand-offs, inlined
@@ -33,8 +34,10 @@ linked=(-DTILEATTN_BUILD_INSTANTIATIONS=ON)  # kernels compiled once for every t
 
 run_asan() {
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer (g++)"
+  # With MPI: ring attention's suite on 2 ranks and on 3 with its progress thread, without
+  # its *Large* cases (tests/distributed/CMakeLists.txt).
   cmake -S . -B build-asan "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
-    -DCMAKE_CXX_COMPILER=g++ -DTILEATTN_BUILD_EXAMPLES=OFF \
+    -DCMAKE_CXX_COMPILER=g++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_MPI=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
