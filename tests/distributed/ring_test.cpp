@@ -159,26 +159,10 @@ struct RingShard {
   }
 };
 
-/// max |got - want| and max |want| over entries both finite; a NaN/Inf pattern mismatch
-/// is reported through `problem`.
-struct Diff {
-  double error = 0.0, magnitude = 0.0;
-  std::string problem;
-};
-Diff diff(const std::vector<float>& got, const std::vector<double>& want, const std::string& name) {
-  Diff d;
-  EXPECT_EQ(got.size(), want.size()) << name;
-  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
-    const double g = got[i], w = want[i];
-    if (std::isfinite(g) != std::isfinite(w) || std::isnan(g) != std::isnan(w)) {
-      if (d.problem.empty()) d.problem = name + "[" + std::to_string(i) + "] = " + std::to_string(g) + ", want " + std::to_string(w);
-      continue;
-    }
-    if (!std::isfinite(w)) continue;
-    d.error = std::max(d.error, std::abs(g - w));
-    d.magnitude = std::max(d.magnitude, std::abs(w));
-  }
-  return d;
+/// got against want (grad_error: max |got - want| and max |want| over finite entries, and
+/// a NaN/Inf pattern mismatch as `problem`).
+GradError diff(const std::vector<float>& got, const std::vector<double>& want, const std::string& name) {
+  return grad_error(got, want, name);
 }
 
 void check_fp32(const std::vector<Config>& cases) {
@@ -215,20 +199,20 @@ void check_fp32(const std::vector<Config>& cases) {
         {"dv", mine.dv, mine.rows_of(full.dv, s.heads_kv, s.head_dim_v), mine.rows_of(ref_grads.dv, s.heads_kv, s.head_dim_v)},
     };
     for (const Check& k : checks) {
-      const Diff single = diff(k.got, k.single, std::string(k.name) + " vs single process");
-      const Diff refd = diff(k.got, k.reference, std::string(k.name) + " vs reference");
+      const GradError single = diff(k.got, k.single, std::string(k.name) + " vs single process");
+      const GradError refd = diff(k.got, k.reference, std::string(k.name) + " vs reference");
       EXPECT_EQ(single.problem, "");
       EXPECT_EQ(refd.problem, "");
       // fp32 rounding: the ring merges P partial states (and sums P partial gradients)
       // where the single process runs one online softmax.
-      EXPECT_LE(single.error, 4e-6 * std::max(single.magnitude, 1.0)) << k.name << ", magnitude " << single.magnitude;
-      EXPECT_LE(refd.error, 2e-5 * std::max(refd.magnitude, 1.0)) << k.name << ", magnitude " << refd.magnitude;
+      EXPECT_LE(single.max_error, 4e-6 * std::max(single.magnitude, 1.0)) << k.name << ", magnitude " << single.magnitude;
+      EXPECT_LE(refd.max_error, 2e-5 * std::max(refd.magnitude, 1.0)) << k.name << ", magnitude " << refd.magnitude;
     }
     if (!opt.sinks.empty()) {
       std::vector<double> want(dsinks.begin(), dsinks.end()), ref_want(ref_grads.dsinks.begin(), ref_grads.dsinks.end());
-      const Diff single = diff(ring_dsinks, want, "dsinks"), refd = diff(ring_dsinks, ref_want, "dsinks vs reference");
-      EXPECT_LE(single.error, 4e-6 * std::max(single.magnitude, 1.0)) << "dsinks";
-      EXPECT_LE(refd.error, 2e-5 * std::max(refd.magnitude, 1.0)) << "dsinks vs reference";
+      const GradError single = diff(ring_dsinks, want, "dsinks"), refd = diff(ring_dsinks, ref_want, "dsinks vs reference");
+      EXPECT_LE(single.max_error, 4e-6 * std::max(single.magnitude, 1.0)) << "dsinks";
+      EXPECT_LE(refd.max_error, 2e-5 * std::max(refd.magnitude, 1.0)) << "dsinks vs reference";
       EXPECT_GT(refd.magnitude, 0.0);
     }
   }
@@ -269,11 +253,11 @@ void check_bf16(const std::vector<Config>& cases) {
     RingShard<bf16> mine(full, ShardLayout(s.seqlen_q, world_size(), c.sharding));
     mine.forward(MPI_COMM_WORLD, opt);
     mine.backward(MPI_COMM_WORLD, opt);
-    const auto bound = [](const Diff& got, const Diff& naive, double factor, const char* name) {
+    const auto bound = [](const GradError& got, const GradError& naive, double factor, const char* name) {
       EXPECT_EQ(got.problem, "");
-      EXPECT_LE(got.error, factor * naive.error + 1e-5 * std::max(got.magnitude, 1.0))
-          << name << ": naive bf16 error " << naive.error << ", magnitude " << got.magnitude;
-      EXPECT_GT(naive.error, 0.0) << name << ": the naive error is 0, the bound cannot fail";
+      EXPECT_LE(got.max_error, factor * naive.max_error + 1e-5 * std::max(got.magnitude, 1.0))
+          << name << ": naive bf16 error " << naive.max_error << ", magnitude " << got.magnitude;
+      EXPECT_GT(naive.max_error, 0.0) << name << ": the naive error is 0, the bound cannot fail";
     };
     const std::vector<double> want_o = mine.rows_of(ref.o, s.heads, s.head_dim_v);
     bound(diff(RingShard<bf16>::floats(mine.o), want_o, "o"),
@@ -393,9 +377,9 @@ TEST(Ring, NanReachesTheRowsThatSeeIt) {
   RingShard<float> mine(full, ShardLayout(200, world_size()));
   mine.forward(MPI_COMM_WORLD, opt);
   const std::vector<double> want = mine.rows_of(full.o, 2, 16);
-  const Diff d = diff(mine.o, want, "o");
+  const GradError d = diff(mine.o, want, "o");
   EXPECT_EQ(d.problem, "");
-  EXPECT_LE(d.error, 4e-6 * std::max(d.magnitude, 1.0));
+  EXPECT_LE(d.max_error, 4e-6 * std::max(d.magnitude, 1.0));
   EXPECT_EQ(std::count_if(full.o.begin(), full.o.end(), [](float x) { return std::isnan(x); }), 51 * 16);
 }
 

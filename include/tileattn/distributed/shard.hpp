@@ -136,27 +136,35 @@ StridedView<T, R> row_of(StridedView<T, R> v, int seq_dim, index_t row) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Copies `rank`'s rows between full and local: into local (shard) or back into full.
+template <class From, class To, int R>
+void copy_shard_rows(const StridedView<From, R>& from, const StridedView<To, R>& to, bool into_local,
+                     const ShardLayout& layout, int rank, int seq_dim) {
+  TILEATTN_REQUIRE(seq_dim >= 0 && seq_dim < R, "seq_dim", "must be a dimension of the views");
+  if (into_local) check_shard_views(from, to, seq_dim, layout, rank);
+  else check_shard_views(to, from, seq_dim, layout, rank);
+  for_each_shard_row(layout, rank, [&](index_t global, index_t row) {
+    copy_elements(row_of(to, seq_dim, into_local ? row : global), row_of(from, seq_dim, into_local ? global : row));
+  });
+}
+
+}  // namespace detail
+
 /// local = `rank`'s rows of full, along dimension seq_dim (1 for [B, N, H, D] tensors, 2
 /// for [B, H, N] log-sum-exps).
 template <class In, class Out, int R>
 void shard(const StridedView<In, R>& full, const StridedView<Out, R>& local, const ShardLayout& layout, int rank,
            int seq_dim = 1) {
-  TILEATTN_REQUIRE(seq_dim >= 0 && seq_dim < R, "seq_dim", "must be a dimension of the views");
-  detail::check_shard_views(full, local, seq_dim, layout, rank);
-  detail::for_each_shard_row(layout, rank, [&](index_t global, index_t row) {
-    detail::copy_elements(detail::row_of(local, seq_dim, row), detail::row_of(full, seq_dim, global));
-  });
+  detail::copy_shard_rows(full, local, true, layout, rank, seq_dim);
 }
 
 /// The inverse: `rank`'s rows of full = local. Each rank writes only its own rows.
 template <class In, class Out, int R>
 void unshard(const StridedView<In, R>& local, const StridedView<Out, R>& full, const ShardLayout& layout, int rank,
              int seq_dim = 1) {
-  TILEATTN_REQUIRE(seq_dim >= 0 && seq_dim < R, "seq_dim", "must be a dimension of the views");
-  detail::check_shard_views(full, local, seq_dim, layout, rank);
-  detail::for_each_shard_row(layout, rank, [&](index_t global, index_t row) {
-    detail::copy_elements(detail::row_of(full, seq_dim, global), detail::row_of(local, seq_dim, row));
-  });
+  detail::copy_shard_rows(local, full, false, layout, rank, seq_dim);
 }
 
 }  // namespace tileattn::ring
