@@ -63,6 +63,8 @@ std::vector<Config> configs() {
        [](ForwardOptions& o) { o.causal = true, o.sinks = sinks, o.window_left = 30; }},
       {"sinks, not causal, contiguous", {1, 90, 90, 4, 4, 16, 16}, Sharding::contiguous,
        [](ForwardOptions& o) { o.sinks = sinks; }},
+      {"windows of INT64_MAX - 1: unbounded", {1, 40, 40, 2, 2, 16, 16}, Sharding::zigzag,
+       [](ForwardOptions& o) { o.window_left = o.window_right = std::numeric_limits<index_t>::max() - 1; }},
       {"N 1", {1, 1, 1, 2, 2, 8, 8}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
       {"N 5: some ranks hold no row", {1, 5, 5, 2, 1, 8, 8}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }},
   };

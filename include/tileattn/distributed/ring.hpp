@@ -9,10 +9,10 @@
 // Forward: each rank keeps its queries; the K/V blocks travel around the ring (rank r sends
 // to r+1), P - 1 steps, the next block received (MPI_Isend / MPI_Irecv) while the current
 // one is computed (with MPI_THREAD_SERIALIZED or above, a thread keeps those transfers
-// moving during the compute; otherwise they move between kernels). A step runs the single-process kernel on each (query chunk, key chunk)
-// pair that any query can see, with ScoreOptions::diagonal_offset = the chunks' position
-// difference, so causal, window and ALiBi see global positions; the sink joins the local
-// diagonal pair only. Partial states merge exactly by log-sum-exp in a fixed order (step,
+// moving during the compute; otherwise they move between kernels). A step runs the
+// single-process kernel on each (query chunk, key chunk) pair that any query can see, with
+// ScoreOptions::diagonal_offset = the chunks' position difference, so causal, window and
+// ALiBi see global positions; the sink joins the local diagonal pair only. Partial states merge exactly by log-sum-exp in a fixed order (step,
 // then chunk pair): results do not depend on timing and are the same bits on every run.
 // Backward: the same ring; dQ accumulates locally, dK/dV accumulate in fp32 buffers that
 // travel with their K/V block and come home after P shifts, summed in ring order; dsinks
@@ -50,7 +50,7 @@ struct RingStats {
   int steps = 0;                  // ring steps (P)
   double seconds = 0.0;           // the whole call
   double compute_seconds = 0.0;   // chunk-pair kernels, merges and gradient sums
-  double wait_seconds = 0.0;      // blocked in MPI waits: communication not hidden
+  double wait_seconds = 0.0;      // blocked in MPI waits: transfers not hidden, or slower neighbours
   std::uint64_t bytes_sent = 0;   // K/V blocks (and, backward, dK/dV accumulators) sent
   std::vector<double> step_compute_seconds, step_wait_seconds;
 };
@@ -71,9 +71,12 @@ inline bool pair_visible(const ScoreOptions& o, const Chunk& qc, const Chunk& kc
   if (qc.length == 0 || kc.length == 0) return false;
   const index_t offset = qc.start - kc.start;  // query i is aligned with key i + offset
   const index_t right = o.causal ? 0 : o.window_right;
+  // A side at least `reach` wide is unbounded here (as in ops::KeyWindow), and the sums
+  // below never overflow.
+  const index_t reach = qc.length + kc.length + (offset < 0 ? -offset : offset);
   index_t lo = -(qc.length - 1), hi = kc.length - 1;  // j - i over the pair
-  if (o.window_left >= 0) lo = std::max(lo, offset - o.window_left);
-  if (right >= 0) hi = std::min(hi, offset + right);
+  if (o.window_left >= 0 && o.window_left < reach) lo = std::max(lo, offset - o.window_left);
+  if (right >= 0 && right < reach) hi = std::min(hi, offset + right);
   return lo <= hi;
 }
 
@@ -88,8 +91,8 @@ Options pair_options(const Options& base, const Chunk& qc, const Chunk& kc, bool
   return o;
 }
 
-/// Buffers (two: one computed on and sent, one received) of blocks in transit: `parts` tensors [B, rows, heads, dims[i]] of T, one
-/// after the other in each buffer.
+/// Buffers of blocks in transit (two: one computed on and sent, one received), each holding
+/// tensors [B, rows, heads, dims[i]] of T one after the other.
 template <class T>
 class BlockBuffers {
  public:
