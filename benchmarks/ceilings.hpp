@@ -1,7 +1,8 @@
 // benchmarks/ceilings.hpp: the machine's own ceilings, measured in the benchmark's process so
 // every kernel figure can be read as a fraction of them: a register-resident FMA loop (fp32
 // peak), a register-resident vdpbf16ps loop (bf16 peak, where the CPU has AVX-512 BF16) and
-// a streaming read (memory bandwidth). Needs nothing but the standard library
+// a register-resident AMX tdpbf16ps loop (where the process may use AMX tiles: arch/amx.hpp)
+// and a streaming read (memory bandwidth). Needs nothing but the standard library
 // (sgemm_ceiling.hpp adds OpenBLAS's large-GEMM rate). Each is measured once per thread
 // count and cached.
 #pragma once
@@ -15,6 +16,9 @@
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
+#endif
+#if __has_include("tileattn/arch/amx.hpp")
+#include "tileattn/arch/amx.hpp"
 #endif
 
 namespace tileattn::bench {
@@ -73,6 +77,36 @@ inline float bf16_dot_chains(long iterations) {
 }
 #endif
 
+#if defined(TILEATTN_HAS_AMX_KERNELS) && !defined(TILEATTN_AMX_EMULATE)
+/// The AMX loop: four 16 x 16 fp32 accumulator tiles, each += a 16 x 32 bf16 tile times a
+/// 32 x 16 one per tdpbf16ps (16 x 16 x 32 multiply-adds: 16384 flops), operands loaded once,
+/// four independent accumulators in flight (the gemm's 2 x 2 blocking without its loads).
+__attribute__((target("amx-tile,amx-bf16"))) inline float amx_bf16_chains(long iterations) {
+  static const arch::amx::detail::TileConfig config{};
+  alignas(64) std::uint32_t operand[16 * 16];
+  for (std::uint32_t& x : operand) x = 0x3c003c00u;  // pairs of 2^-7: finite sums, no zeros
+  alignas(64) float out[16 * 16];
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  for (long i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+#endif
+
 template <class Measure>
 double best_of(int repeats, Measure measure) {
   double best = 0;
@@ -105,6 +139,26 @@ inline double bf16_dot_peak_gflops(int threads) {
   const double gflops = detail::best_of(3, [&] {
     const double seconds = run_on_threads(threads, [&](int) { sink = detail::bf16_dot_chains(iterations); });
     return 2.0 * 32 * 16 * iterations * threads / seconds * 1e-9;
+  });
+  return cache[threads] = gflops;
+#else
+  (void)threads;
+  return 0.0;
+#endif
+}
+
+/// bf16 GFLOP/s (2 per multiply-add) of a register-resident AMX tdpbf16ps loop on `threads`
+/// threads (best of 3); 0 where the process may not use AMX tiles or they are not compiled.
+inline double amx_bf16_peak_gflops(int threads) {
+#if defined(TILEATTN_HAS_AMX_KERNELS) && !defined(TILEATTN_AMX_EMULATE)
+  if (!arch::amx_support::available()) return 0.0;
+  static std::map<int, double> cache;
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  constexpr long iterations = 2'000'000;
+  volatile float sink = 0;
+  const double gflops = detail::best_of(3, [&] {
+    const double seconds = run_on_threads(threads, [&](int) { sink = detail::amx_bf16_chains(iterations); });
+    return 4.0 * 16384 * iterations * threads / seconds * 1e-9;
   });
   return cache[threads] = gflops;
 #else

@@ -4,6 +4,9 @@
 // without core/half_types.hpp only fp32 runs):
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/forward_timer.cpp
 //   ./a.out N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16|fp16]
+// CEILINGS=1 first prints the machine's ceilings on THREADS threads, measured in this process
+// (benchmarks/ceilings.hpp: FMA loop, vdpbf16ps loop, AMX loop, streaming read), and whether
+// bf16 products run on AMX tiles here.
 // Inputs are N(0, 1) from a fixed seed, rounded to the type; O is the type, no LSE. The fp32
 // line is the same as before the type argument; the others name their type after the threads.
 #include <tileattn/tileattn.hpp>
@@ -16,6 +19,10 @@
 #include <vector>
 #if __has_include(<tileattn/core/half_types.hpp>)
 #define TIMER_HAS_HALF_TYPES 1
+#endif
+#if __has_include("../ceilings.hpp") && __has_include(<tileattn/arch/amx_support.hpp>)
+#include "../ceilings.hpp"
+#define TIMER_HAS_CEILINGS 1
 #endif
 
 template <class T, class Round>
@@ -57,6 +64,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "REPEATS must be >= 1\n");
     return 2;
   }
+#if TIMER_HAS_CEILINGS
+  if (const char* c = std::getenv("CEILINGS"); c && *c == '1') {
+    namespace b = tileattn::bench;
+    std::printf("ceilings, %d threads: FMA loop %.1f GFLOP/s, vdpbf16ps loop %.1f, AMX loop %.1f, stream read %.1f GB/s;"
+                " AMX tiles %s (%s)\n",
+                threads, b::fma_peak_gflops(threads), b::bf16_dot_peak_gflops(threads), b::amx_bf16_peak_gflops(threads),
+                b::stream_read_gbps(threads),
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+                tileattn::arch::amx::tiles_in_use() ? "in use" : "not in use",
+#else
+                "not compiled",
+#endif
+                tileattn::arch::amx_support::describe(tileattn::arch::amx_support::status()));
+  }
+#endif
   if (type == "fp32")
     return time_forward<float>(n, d, hq, hkv, causal, threads, repeats, "", [](float x) { return x; });
 #if TIMER_HAS_HALF_TYPES

@@ -8,7 +8,9 @@
 # Then a compact table, fp32 and bf16 (DTYPES), of TABLE_SHAPE (N d Hq Hkv, default 2048 128
 # 16 16; batch 1) non-causal and causal at THREADS (default "16 2"; fewer threads than cores
 # are pinned to cores 0..t-1): GFLOP/s median (min-max) of R runs for each, and the ratio of
-# the medians, tileattn / PyTorch. Same inputs: N(0, 1), rounded to the type.
+# the medians, tileattn / PyTorch (and tileattn / OpenVINO where python3 imports openvino).
+# Same inputs: N(0, 1), rounded to the type. CEILINGS=1 first prints the ceilings measured
+# in tileattn's timer at each thread count (FMA, vdpbf16ps and AMX loops, streaming read).
 #   bash benchmarks/side_by_side/run.sh                 # needs g++ and python3 with torch
 #   TABLE_ONLY=1 R=15 bash benchmarks/side_by_side/run.sh   # only the fp32/bf16 table
 set -u
@@ -37,20 +39,29 @@ THREADS=${THREADS:-16 2}
 read -r TN TD THQ THKV <<< "${TABLE_SHAPE:-2048 128 16 16}"
 CORES=$(nproc)
 echo
-echo "=== N $TN d $TD H $THQ/$THKV B 1: GFLOP/s median (min-max) of $R runs; ratio = tileattn / torch medians"
-printf "%-5s %-6s %3s  %-25s %-25s %6s\n" type mask thr tileattn torch ratio
+# OpenVINO's SDPA as a third column where python3 can import openvino (bf16 and fp32, equal heads).
+HAVE_OV=0; python3 -c "import openvino" 2> /dev/null && [ "$THQ" = "$THKV" ] && HAVE_OV=1
+echo "=== N $TN d $TD H $THQ/$THKV B 1: GFLOP/s median (min-max) of $R runs; ratio = tileattn / peer medians"
+[ -n "${CEILINGS:-}" ] && for t in $THREADS; do
+  pin=""; [ "$t" -lt "$CORES" ] && pin="taskset -c 0-$((t - 1))"
+  CEILINGS=1 $pin /tmp/tileattn_timer 64 64 1 1 0 $t 1 fp32 | grep ceilings
+done
+printf "%-5s %-6s %3s  %-25s %-25s %-25s %9s %9s\n" type mask thr tileattn torch openvino "/torch" "/openvino"
 for dt in $DTYPES; do
   for c in 0 1; do
     for t in $THREADS; do
       pin=""; [ "$t" -lt "$CORES" ] && pin="taskset -c 0-$((t - 1))"
       a=$($pin /tmp/tileattn_timer $TN $TD $THQ $THKV $c $t $R $dt | stats)
       b=$(OMP_NUM_THREADS=$t $pin python3 benchmarks/side_by_side/torch_sdpa.py $TN $TD $THQ $THKV $c $t $R $dt | stats)
-      awk -v dt="$dt" -v c="$c" -v t="$t" -v a="$a" -v b="$b" 'BEGIN {
-        na = split(a, x, " "); nb = split(b, y, " ");
-        sa = na == 3 ? sprintf("%7.1f (%.1f-%.1f)", x[1], x[2], x[3]) : sprintf("%7s", "n/a");
-        sb = nb == 3 ? sprintf("%7.1f (%.1f-%.1f)", y[1], y[2], y[3]) : sprintf("%7s", "n/a");
-        r = na == 3 && nb == 3 && y[1] > 0 ? sprintf("%6.2f", x[1] / y[1]) : "   n/a";
-        printf "%-5s %-6s %3d  %-25s %-25s %6s\n", dt, c ? "causal" : "full", t, sa, sb, r }'
+      o=""; [ "$HAVE_OV" = 1 ] && [ "$dt" != fp16 ] &&
+        o=$($pin python3 benchmarks/side_by_side/openvino_sdpa.py $TN $TD $THQ $THKV $c $t $R $dt | stats)
+      awk -v dt="$dt" -v c="$c" -v t="$t" -v a="$a" -v b="$b" -v o="$o" 'function cell(n, x) {
+          return n == 3 ? sprintf("%7.1f (%.1f-%.1f)", x[1], x[2], x[3]) : sprintf("%7s", "n/a") }
+        function ratio(na, nb, y) { return na == 3 && nb == 3 && y[1] > 0 ? sprintf("%9.2f", x[1] / y[1]) : "      n/a" }
+        BEGIN {
+        na = split(a, x, " "); nb = split(b, y, " "); no = split(o, z, " ");
+        printf "%-5s %-6s %3d  %-25s %-25s %-25s %s %s\n", dt, c ? "causal" : "full", t, cell(na, x), cell(nb, y),
+               cell(no, z), ratio(na, nb, y), ratio(na, no, z) }'
     done
   done
 done

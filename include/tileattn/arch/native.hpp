@@ -3,6 +3,11 @@
 //
 // The choice follows the compiler's target macros, so it is whatever -march / -m flags
 // the translation unit is built with:
+//   __AVX512F__ and __AVX512BF16__ on x86-64 Linux
+//                                -> arch::amx      (AVX-512, whose bf16 pair gemm runs on AMX
+//                                                   tiles where the CPU and OS allow, checked
+//                                                   once at run time, else on vdpbf16ps;
+//                                                   arch/amx.hpp. TILEATTN_NO_AMX leaves it out)
 //   __AVX512F__                  -> arch::avx512   (e.g. -march=skylake-avx512, znver4, native)
 //   __AVX2__ and __FMA__         -> arch::avx2     (e.g. -march=haswell, znver2, -mavx2 -mfma)
 //   anything else                -> arch::generic  (portable scalar C++)
@@ -31,10 +36,17 @@
 #include "tileattn/arch/generic.hpp"
 
 #if !defined(TILEATTN_ARCH_GENERIC) && defined(__AVX512F__)
+#include "tileattn/arch/amx.hpp"
 #include "tileattn/arch/avx512.hpp"
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+namespace tileattn::arch {
+namespace native = amx;
+}  // namespace tileattn::arch
+#else
 namespace tileattn::arch {
 namespace native = avx512;
 }  // namespace tileattn::arch
+#endif
 #elif !defined(TILEATTN_ARCH_GENERIC) && defined(__AVX2__) && defined(__FMA__)
 #include "tileattn/arch/avx2.hpp"
 namespace tileattn::arch {

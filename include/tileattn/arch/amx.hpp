@@ -1,0 +1,373 @@
+// tileattn/arch/amx.hpp: Intel AMX (TMUL) micro-kernel for the bf16 pair gemm, and
+// arch::amx, the AVX-512 set whose bf16 pair gemm runs on AMX tiles where the process may
+// use them (arch/amx_support.hpp) and on vdpbf16ps otherwise.
+//
+// Compiled wherever the target has AVX-512 BF16 (the fallback) on x86-64 Linux, with GCC or
+// Clang: the tile code carries its own target attribute (amx-tile, amx-bf16), so a program
+// built once, say with -march=znver4 or x86-64-v4 plus -mavx512bf16, runs AMX on a Xeon that
+// has it and vdpbf16ps elsewhere; no -mamx flag is needed. TILEATTN_NO_AMX (a macro) leaves
+// it out at compile time; the environment variable of the same name turns it off at run time.
+//
+// The layouts are the ones the kernels already pack for vdpbf16ps, which are AMX's: an A
+// operand row holds pairs along K (16 pairs, 64 bytes, per tile row), a B operand row holds
+// one pair of K rows interleaved for every column (VNNI layout). So tiles load straight
+// from the SRAM tiles with tileloadd at the tile's leading dimension, no repacking.
+//
+// Blocking: C in blocks of 32 x 32 floats, four 16 x 16 accumulator tiles (tmm0-3), fed per
+// step of 16 pairs of K by two A tiles (tmm4-5) and two B tiles (tmm6-7): 4 loads for 4
+// tdpbf16ps. Tiles are always 16 rows x 64 bytes (one configuration, loaded per call and
+// released after, so code between calls, another library's included, may use tiles its own
+// way); a block edge (rows, columns or pairs of K short of 16) goes through a zero-padded
+// 16 x 16 copy, so nothing past the operands is read and nothing past C is written.
+// With TransA (A given as its K x M transpose), each 32-row panel of A is transposed into a
+// buffer first, 256 pairs of K at a time.
+//
+// Sums. tdpbf16ps adds each pair's two products to the fp32 accumulator in order, flushing
+// subnormal bf16 inputs and results to zero as vdpbf16ps does; the order within a pair and
+// the rounding differ from vdpbf16ps's, so the two paths agree to fp32 rounding, not bitwise.
+// A process uses one of them for every call (the check is made once), and the block order
+// does not depend on the thread count, so results are bitwise reproducible per machine.
+#pragma once
+
+#include "tileattn/arch/amx_support.hpp"
+#include "tileattn/arch/avx512.hpp"
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(TILEATTN_AMX_DETECTION) && !defined(TILEATTN_NO_AMX) &&                                      \
+    (!defined(TILEATTN_BF16_DOT_PRODUCT) || TILEATTN_BF16_DOT_PRODUCT != 0)
+#define TILEATTN_HAS_AMX_KERNELS 1
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tileattn/core/half_types.hpp"
+#include "tileattn/core/types.hpp"
+
+#if defined(TILEATTN_AMX_EMULATE)
+#include <bit>
+#include <cstring>
+#define TILEATTN_AMX_TARGET
+#else
+#define TILEATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#endif
+
+namespace tileattn::arch::amx {
+
+inline constexpr const char* name = "avx512+amx";
+/// bf16 tiles are multiplied as pairs: on AMX tiles where available, else on vdpbf16ps.
+inline constexpr bool bf16_dot_product = true;
+
+using namespace avx512;  // everything but gemm is AVX-512's
+
+namespace detail {
+inline constexpr index_t dim = 16;  // tile rows, and 32-bit elements per tile row (64 bytes)
+
+/// Palette 1, eight tiles of 16 rows x 64 bytes: tmm0-3 C, tmm4-5 A, tmm6-7 B.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+inline __mmask16 lanes_mask(index_t n) { return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u); }
+
+/// buf (16 x 16 32-bit values, 64-byte rows) = the rows x cols block at src (ld elements
+/// between rows), zeros elsewhere. Masked loads: nothing outside the block is read.
+inline void pad_block(const void* src, index_t ld, index_t rows, index_t cols, void* buf) {
+  const __mmask16 m = lanes_mask(cols);
+  const auto* s = static_cast<const std::uint32_t*>(src);
+  auto* d = static_cast<std::uint32_t*>(buf);
+  for (index_t r = 0; r < dim; ++r)
+    _mm512_store_si512(d + dim * r, r < rows ? _mm512_maskz_loadu_epi32(m, s + r * ld) : _mm512_setzero_si512());
+}
+
+/// dst's rows x cols block (ld floats between rows) = the same block of buf.
+inline void unpad_block(const float* buf, index_t rows, index_t cols, float* dst, index_t ld) {
+  const __mmask16 m = lanes_mask(cols);
+  for (index_t r = 0; r < rows; ++r) _mm512_mask_storeu_ps(dst + r * ld, m, _mm512_load_ps(buf + dim * r));
+}
+
+#if defined(TILEATTN_AMX_EMULATE)
+// Tests only: the eight tiles and tdpbf16ps emulated in plain C++ (each pair's products
+// added low half first, one fp32 rounding each, subnormal bf16 inputs read as zero), so the
+// blocking, edge and transpose logic runs on machines without AMX.
+struct EmulatedTiles {
+  std::uint32_t t[8][dim][dim];
+};
+inline EmulatedTiles& emulated_tiles() {
+  thread_local EmulatedTiles tiles;
+  return tiles;
+}
+template <int T>
+inline void tile_load(const void* p, index_t stride_bytes) {
+  for (index_t r = 0; r < dim; ++r)
+    std::memcpy(emulated_tiles().t[T][r], static_cast<const char*>(p) + r * stride_bytes, 4 * dim);
+}
+template <int T>
+inline void tile_store(void* p, index_t stride_bytes) {
+  for (index_t r = 0; r < dim; ++r)
+    std::memcpy(static_cast<char*>(p) + r * stride_bytes, emulated_tiles().t[T][r], 4 * dim);
+}
+template <int T>
+inline void tile_zero() {
+  std::memset(emulated_tiles().t[T], 0, sizeof(emulated_tiles().t[T]));
+}
+inline float emulated_bf16(std::uint32_t bits16) {
+  const std::uint32_t x = (bits16 & 0x7f80u) == 0 ? bits16 & 0x8000u : bits16;  // DAZ
+  return std::bit_cast<float>(x << 16);
+}
+template <int I, int J>
+inline void tile_dot() {
+  auto& t = emulated_tiles().t;
+  for (index_t m = 0; m < dim; ++m)
+    for (index_t n = 0; n < dim; ++n) {
+      float c = std::bit_cast<float>(t[2 * I + J][m][n]);
+      for (index_t k = 0; k < dim; ++k) {
+        const std::uint32_t a = t[4 + I][m][k], b = t[6 + J][k][n];
+        c += emulated_bf16(a & 0xffffu) * emulated_bf16(b & 0xffffu);
+        c += emulated_bf16(a >> 16) * emulated_bf16(b >> 16);
+      }
+      t[2 * I + J][m][n] = std::bit_cast<std::uint32_t>(c);
+    }
+}
+#else
+// Tile numbers must be literals in the intrinsics: one branch per tile, chosen at compile time.
+template <int T>
+TILEATTN_AMX_TARGET inline void tile_load(const void* p, index_t stride_bytes) {
+  if constexpr (T == 0) _tile_loadd(0, p, stride_bytes);
+  else if constexpr (T == 1) _tile_loadd(1, p, stride_bytes);
+  else if constexpr (T == 2) _tile_loadd(2, p, stride_bytes);
+  else if constexpr (T == 3) _tile_loadd(3, p, stride_bytes);
+  else if constexpr (T == 4) _tile_loadd(4, p, stride_bytes);
+  else if constexpr (T == 5) _tile_loadd(5, p, stride_bytes);
+  else if constexpr (T == 6) _tile_loadd(6, p, stride_bytes);
+  else _tile_loadd(7, p, stride_bytes);
+}
+template <int T>
+TILEATTN_AMX_TARGET inline void tile_store(void* p, index_t stride_bytes) {
+  if constexpr (T == 0) _tile_stored(0, p, stride_bytes);
+  else if constexpr (T == 1) _tile_stored(1, p, stride_bytes);
+  else if constexpr (T == 2) _tile_stored(2, p, stride_bytes);
+  else _tile_stored(3, p, stride_bytes);
+}
+template <int T>
+TILEATTN_AMX_TARGET inline void tile_zero() {
+  if constexpr (T == 0) _tile_zero(0);
+  else if constexpr (T == 1) _tile_zero(1);
+  else if constexpr (T == 2) _tile_zero(2);
+  else _tile_zero(3);
+}
+/// C tile 2 I + J += A tile 4 + I times B tile 6 + J.
+template <int I, int J>
+TILEATTN_AMX_TARGET inline void tile_dot() {
+  if constexpr (I == 0 && J == 0) _tile_dpbf16ps(0, 4, 6);
+  else if constexpr (I == 0 && J == 1) _tile_dpbf16ps(1, 4, 7);
+  else if constexpr (I == 1 && J == 0) _tile_dpbf16ps(2, 5, 6);
+  else _tile_dpbf16ps(3, 5, 7);
+}
+
+#endif  // TILEATTN_AMX_EMULATE
+
+/// Stack copies for the block edges.
+struct alignas(64) EdgeBuffers {
+  float c[4][dim * dim];
+  std::uint32_t a[2][dim * dim];
+  std::uint32_t b[2][dim * dim];
+};
+
+/// Where one C tile of a block is: its rows and columns in use (16 each, or fewer at an edge).
+struct CTile {
+  float* at;
+  index_t rows, cols;
+  bool full() const { return rows == dim && cols == dim; }
+};
+
+template <int I, int J>
+TILEATTN_AMX_TARGET inline void c_begin(const CTile& t, index_t ldc, bool accumulate, EdgeBuffers& buf) {
+  if (!accumulate) {
+    tile_zero<2 * I + J>();
+  } else if (t.full()) {
+    tile_load<2 * I + J>(t.at, ldc * 4);
+  } else {
+    pad_block(t.at, ldc, t.rows, t.cols, buf.c[2 * I + J]);
+    tile_load<2 * I + J>(buf.c[2 * I + J], dim * 4);
+  }
+}
+
+template <int I, int J>
+TILEATTN_AMX_TARGET inline void c_end(const CTile& t, index_t ldc, EdgeBuffers& buf) {
+  if (t.full()) {
+    tile_store<2 * I + J>(t.at, ldc * 4);
+  } else {
+    tile_store<2 * I + J>(buf.c[2 * I + J], dim * 4);
+    unpad_block(buf.c[2 * I + J], t.rows, t.cols, t.at, ldc);
+  }
+}
+
+/// Loads A tile 4 + I: rows [16 I, 16 I + rows_i) of a, pairs [0, kp).
+template <int I>
+TILEATTN_AMX_TARGET inline void a_load(const bf16x2* a, index_t lda, index_t rows_i, index_t kp, EdgeBuffers& buf) {
+  if (rows_i == dim && kp == dim) {
+    tile_load<4 + I>(a, lda * 4);
+  } else {
+    pad_block(a, lda, rows_i, kp, buf.a[I]);
+    tile_load<4 + I>(buf.a[I], dim * 4);
+  }
+}
+
+/// Loads B tile 6 + J: pair rows [0, kp) of b, columns [16 J, 16 J + cols_j).
+template <int J>
+TILEATTN_AMX_TARGET inline void b_load(const bf16x2* b, index_t ldb, index_t kp, index_t cols_j, EdgeBuffers& buf) {
+  if (kp == dim && cols_j == dim) {
+    tile_load<6 + J>(b, ldb * 4);
+  } else {
+    pad_block(b, ldb, kp, cols_j, buf.b[J]);
+    tile_load<6 + J>(buf.b[J], dim * 4);
+  }
+}
+
+/// C (rows x cols, at most 16 MT x 16 NT) (+)= A (rows x k pairs) B (k pairs x cols), all
+/// of K in the accumulator tiles.
+template <int MT, int NT>
+TILEATTN_AMX_TARGET inline void block(index_t rows, index_t cols, index_t k, const bf16x2* a, index_t lda,
+                                      const bf16x2* b, index_t ldb, float* c, index_t ldc, bool accumulate,
+                                      EdgeBuffers& buf) {
+  const index_t r1 = rows - dim, c1 = cols - dim;  // rows and columns of the second tiles
+  const CTile t00{c, rows < dim ? rows : dim, cols < dim ? cols : dim};
+  const CTile t01{c + dim, t00.rows, c1 < dim ? c1 : dim};
+  const CTile t10{c + dim * ldc, r1 < dim ? r1 : dim, t00.cols};
+  const CTile t11{c + dim * ldc + dim, t10.rows, t01.cols};
+  c_begin<0, 0>(t00, ldc, accumulate, buf);
+  if constexpr (NT > 1) c_begin<0, 1>(t01, ldc, accumulate, buf);
+  if constexpr (MT > 1) c_begin<1, 0>(t10, ldc, accumulate, buf);
+  if constexpr (MT > 1 && NT > 1) c_begin<1, 1>(t11, ldc, accumulate, buf);
+  for (index_t p = 0; p < k; p += dim) {
+    const index_t kp = k - p < dim ? k - p : dim;
+    a_load<0>(a + p, lda, t00.rows, kp, buf);
+    if constexpr (MT > 1) a_load<1>(a + dim * lda + p, lda, t10.rows, kp, buf);
+    b_load<0>(b + p * ldb, ldb, kp, t00.cols, buf);
+    if constexpr (NT > 1) b_load<1>(b + p * ldb + dim, ldb, kp, t01.cols, buf);
+    tile_dot<0, 0>();
+    if constexpr (NT > 1) tile_dot<0, 1>();
+    if constexpr (MT > 1) tile_dot<1, 0>();
+    if constexpr (MT > 1 && NT > 1) tile_dot<1, 1>();
+  }
+  c_end<0, 0>(t00, ldc, buf);
+  if constexpr (NT > 1) c_end<0, 1>(t01, ldc, buf);
+  if constexpr (MT > 1) c_end<1, 0>(t10, ldc, buf);
+  if constexpr (MT > 1 && NT > 1) c_end<1, 1>(t11, ldc, buf);
+}
+
+/// C's rows [0, rows) (rows <= 32) across all n columns, in 32 x 32 blocks.
+TILEATTN_AMX_TARGET inline void row_panel(index_t rows, index_t n, index_t k, const bf16x2* a, index_t lda,
+                                          const bf16x2* b, index_t ldb, float* c, index_t ldc, bool accumulate,
+                                          EdgeBuffers& buf) {
+  for (index_t j = 0; j < n; j += 2 * dim) {
+    const index_t cols = n - j < 2 * dim ? n - j : 2 * dim;
+    if (rows > dim) {
+      if (cols > dim) block<2, 2>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
+      else block<2, 1>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
+    } else {
+      if (cols > dim) block<1, 2>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
+      else block<1, 1>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
+    }
+  }
+}
+
+inline constexpr index_t transposed_depth = 256;  // pairs of K per transposed A panel
+
+/// dst (rows x depth pairs, ld transposed_depth) = the transpose of a's block (depth x rows,
+/// lda between rows), rows <= 32: the A operand given as its transpose, made A-shaped.
+inline void transpose_panel(const bf16x2* a, index_t lda, index_t rows, index_t depth, std::uint32_t* dst) {
+  const auto* src = reinterpret_cast<const float*>(a);
+  auto* out = reinterpret_cast<float*>(dst);
+  for (index_t i = 0; i < rows; i += dim)
+    for (index_t p = 0; p < depth; p += dim) {
+      const index_t ri = rows - i < dim ? rows - i : dim, dp = depth - p < dim ? depth - p : dim;
+      if (ri == dim && dp == dim)
+        avx512::detail::transpose_block<true>(dim, dim, src + p * lda + i, lda, out + i * transposed_depth + p,
+                                              transposed_depth);
+      else
+        avx512::detail::transpose_block<false>(dp, ri, src + p * lda + i, lda, out + i * transposed_depth + p,
+                                               transposed_depth);
+    }
+}
+
+/// Loads the tile configuration for this call and releases the tiles when it ends.
+struct TileSession {
+#if defined(TILEATTN_AMX_EMULATE)
+  TileSession() = default;
+#else
+  TILEATTN_AMX_TARGET TileSession() {
+    static const TileConfig config{};
+    _tile_loadconfig(&config);
+  }
+  TILEATTN_AMX_TARGET ~TileSession() { _tile_release(); }
+#endif
+  TileSession(const TileSession&) = delete;
+  TileSession& operator=(const TileSession&) = delete;
+};
+
+/// The AMX gemm; the caller has checked amx_support::available().
+template <bool Accumulate, bool TransA>
+TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
+                                   index_t ldb, float* c, index_t ldc) {
+  [[maybe_unused]] TileSession session;
+  EdgeBuffers buf;
+  if constexpr (!TransA) {
+    for (index_t i = 0; i < m; i += 2 * dim) {
+      const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
+      row_panel(rows, n, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, Accumulate, buf);
+    }
+  } else {
+    alignas(64) std::uint32_t panel[2 * dim * transposed_depth];
+    for (index_t i = 0; i < m; i += 2 * dim) {
+      const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
+      for (index_t p = 0; p < k; p += transposed_depth) {
+        const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
+        transpose_panel(a + p * lda + i, lda, rows, depth, panel);
+        row_panel(rows, n, depth, reinterpret_cast<const bf16x2*>(panel), transposed_depth, b + p * ldb, ldb,
+                  c + i * ldc, ldc, Accumulate || p > 0, buf);
+      }
+    }
+  }
+}
+}  // namespace detail
+
+/// Whether this process's bf16 pair products run on AMX tiles (checked once; always, emulated,
+/// under TILEATTN_AMX_EMULATE).
+inline bool tiles_in_use() {
+#if defined(TILEATTN_AMX_EMULATE)
+  return true;
+#else
+  return amx_support::available();
+#endif
+}
+
+/// avx512::gemm's contract. Float operands: avx512's gemm. bf16 pairs: AMX tiles where the
+/// process may use them, else vdpbf16ps (avx512's gemm).
+template <bool Accumulate, bool TransA = false, class E>
+void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b, index_t ldb, float* c,
+          index_t ldc) {
+  if constexpr (std::is_same_v<E, bf16x2>) {
+    if (m > 0 && n > 0 && tiles_in_use()) {
+      if (k > 0) {
+        detail::tile_gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
+      } else if constexpr (!Accumulate) {
+        for (index_t i = 0; i < m; ++i)
+          for (index_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
+      }
+      return;
+    }
+  }
+  avx512::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
+}
+
+}  // namespace tileattn::arch::amx
+
+#endif  // AMX kernels compiled

@@ -1,0 +1,340 @@
+// tests/arch/amx_kernels_test.cpp: the AMX bf16 pair gemm (arch/amx.hpp) and the kernels
+// that run on it.
+//
+// Where this process may use AMX tiles (arch/amx_support.hpp): the tile gemm against double
+// on awkward shapes, with A given as it is or transposed, accumulating or not, reading
+// nothing past its operands (NaN lies there) and writing nothing past C; then the bf16
+// forward under FlashAttention's rule (error <= 2x a naive bf16 implementation's) and the
+// backward (<= 3x), both bitwise identical across thread counts and backends. Elsewhere
+// those tests are skipped with the reason; the status tests run everywhere. The other
+// suites, built with -march=native, run the same kernels: on an AMX machine through the
+// tiles, on the development and CI machines through the vdpbf16ps fallback.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "reference/naive_attention.hpp"
+#include "support/backward_support.hpp"
+#include "support/naive_same_precision.hpp"
+#include "support/test_support.hpp"
+#include "tileattn/arch/amx_support.hpp"
+#include "tileattn/arch/native.hpp"
+#include "tileattn/tileattn.hpp"
+
+namespace tileattn {
+namespace {
+
+namespace support = arch::amx_support;
+
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+#define SKIP_WITHOUT_AMX()        \
+  if (!arch::amx::tiles_in_use()) \
+  GTEST_SKIP() << "AMX not usable here: " << support::describe(support::status())
+#endif
+
+TEST(AmxSupport, ReportsOneStatusToEveryThread) {
+  std::vector<support::Status> seen(8);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < seen.size(); ++t) threads.emplace_back([&seen, t] { seen[t] = support::status(); });
+  for (auto& t : threads) t.join();
+  for (const support::Status s : seen) EXPECT_EQ(s, seen[0]);
+  EXPECT_EQ(support::available(), seen[0] == support::Status::usable);
+  std::printf("[ amx ] %s; arch::native is %s%s\n", support::describe(seen[0]), arch::native::name,
+#if defined(TILEATTN_AMX_EMULATE)
+              " (tiles emulated in C++)"
+#else
+              ""
+#endif
+  );
+}
+
+TEST(AmxSupport, EnvironmentVariableTurnsItOff) {
+  ::setenv("TILEATTN_NO_AMX", "1", 1);
+  const support::Status off = support::detail::check();
+  ::setenv("TILEATTN_NO_AMX", "0", 1);
+  const support::Status zero = support::detail::check();
+  ::unsetenv("TILEATTN_NO_AMX");
+#if defined(TILEATTN_AMX_DETECTION)
+  EXPECT_EQ(off, support::Status::disabled_by_environment);
+  EXPECT_NE(zero, support::Status::disabled_by_environment);
+#else
+  EXPECT_EQ(off, support::Status::not_x86_64_linux);
+#endif
+  EXPECT_EQ(support::detail::check(), support::status());
+}
+
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+
+TEST(AmxSupport, NativeArchIsAmxAndMultipliesPairs) {
+  EXPECT_STREQ(arch::native::name, "avx512+amx");
+  EXPECT_TRUE(arch::native::bf16_dot_product);
+}
+
+// ---- The gemm --------------------------------------------------------------------------
+
+constexpr float c_sentinel = 12345.0f;
+
+bf16x2 nan_pair() { return std::bit_cast<bf16x2>(0x7fc07fc0u); }
+
+/// A pair of bf16 values drawn from N(0, 1) (no subnormals, no zeros to hide a missing term).
+bf16x2 random_pair(std::mt19937& rng) {
+  std::normal_distribution<float> nd;
+  const auto value = [&] {
+    float x = nd(rng);
+    if (std::fabs(x) < 1e-3f) x = 0.5f;
+    return bf16(x);
+  };
+  bf16x2 p;
+  p.lo = value();
+  p.hi = value();
+  return p;
+}
+
+struct GemmCase {
+  index_t m, n, k;
+  bool trans_a, accumulate;
+};
+
+/// Runs arch::native::gemm on one case and checks it against double, and that the padding
+/// (NaN in the operands' unused columns and rows, a sentinel around C) is neither read nor
+/// written.
+void check_gemm(const GemmCase& g, std::mt19937& rng) {
+  SCOPED_TRACE("m " + std::to_string(g.m) + " n " + std::to_string(g.n) + " k " + std::to_string(g.k) +
+               (g.trans_a ? " A^T" : "") + (g.accumulate ? " +=" : ""));
+  const index_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const index_t lda = a_cols + 3, ldb = g.n + 5, ldc = g.n + 7;
+  std::vector<bf16x2> a(static_cast<std::size_t>((a_rows + 2) * lda), nan_pair());
+  std::vector<bf16x2> b(static_cast<std::size_t>((g.k + 2) * ldb), nan_pair());
+  std::vector<float> c(static_cast<std::size_t>((g.m + 2) * ldc), c_sentinel);
+  for (index_t r = 0; r < a_rows; ++r)
+    for (index_t q = 0; q < a_cols; ++q) a[static_cast<std::size_t>(r * lda + q)] = random_pair(rng);
+  for (index_t r = 0; r < g.k; ++r)
+    for (index_t q = 0; q < g.n; ++q) b[static_cast<std::size_t>(r * ldb + q)] = random_pair(rng);
+  std::normal_distribution<float> nd;
+  for (index_t i = 0; i < g.m; ++i)
+    for (index_t j = 0; j < g.n; ++j) c[static_cast<std::size_t>(i * ldc + j)] = g.accumulate ? nd(rng) : -7.0f;
+  const std::vector<float> c0 = c;
+
+  if (g.trans_a) {
+    if (g.accumulate) arch::native::gemm<true, true>(g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c.data(), ldc);
+    else arch::native::gemm<false, true>(g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c.data(), ldc);
+  } else {
+    if (g.accumulate) arch::native::gemm<true>(g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c.data(), ldc);
+    else arch::native::gemm<false>(g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c.data(), ldc);
+  }
+
+  int bad = 0;
+  for (index_t i = 0; i < g.m + 2; ++i)
+    for (index_t j = 0; j < ldc; ++j) {
+      const std::size_t at = static_cast<std::size_t>(i * ldc + j);
+      if (i >= g.m || j >= g.n) {
+        if (c[at] != c_sentinel && ++bad < 5) ADD_FAILURE() << "wrote outside C at (" << i << ", " << j << ")";
+        continue;
+      }
+      double want = g.accumulate ? c0[at] : 0.0, magnitude = std::fabs(want);
+      for (index_t p = 0; p < g.k; ++p) {
+        const bf16x2 x = a[static_cast<std::size_t>(g.trans_a ? p * lda + i : i * lda + p)];
+        const bf16x2 y = b[static_cast<std::size_t>(p * ldb + j)];
+        const double hi = double(to_float(x.hi)) * to_float(y.hi), lo = double(to_float(x.lo)) * to_float(y.lo);
+        want += hi + lo;
+        magnitude += std::fabs(hi) + std::fabs(lo);
+      }
+      // 2k + 1 roundings of at most one fp32 unit roundoff of the running magnitude each.
+      const double bound = (2.0 * static_cast<double>(g.k) + 1.0) * 0x1p-24 * magnitude;
+      if (!(std::fabs(c[at] - want) <= bound) && ++bad < 5)
+        ADD_FAILURE() << "C(" << i << ", " << j << ") = " << c[at] << ", want " << want << " +- " << bound;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(AmxGemm, MatchesDoubleOnAwkwardShapesWithoutTouchingPadding) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(16);
+  int cases = 0;
+  for (const index_t m : {1, 15, 16, 17, 32, 33, 70})
+    for (const index_t n : {1, 16, 17, 31, 32, 48, 100})
+      for (const index_t k : {1, 7, 16, 17, 64, 300})
+        for (const bool trans_a : {false, true})
+          for (const bool accumulate : {false, true}) {
+            check_gemm({m, n, k, trans_a, accumulate}, rng);
+            ++cases;
+            if (HasFailure()) return;
+          }
+  std::printf("[ amx ] %d gemm cases within the fp32 bound\n", cases);
+}
+
+TEST(AmxGemm, EmptyShapes) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(17);
+  for (const GemmCase g : {GemmCase{0, 5, 5, false, false}, GemmCase{5, 0, 5, false, true}, GemmCase{5, 5, 0, false, false},
+                           GemmCase{5, 5, 0, true, true}})
+    check_gemm(g, rng);
+}
+
+/// On attention-sized tiles (the shapes the forward and backward give it), a second call on
+/// the same data gives the same bits, and the result sits within fp32 rounding of vdpbf16ps's.
+TEST(AmxGemm, AttentionTilesAreReproducibleAndAgreeWithTheDotProductKernel) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(18);
+  const index_t m = 128, n = 512, k = 64;  // S = Q K^T at Br 128, Bc 512, d 128
+  std::vector<bf16x2> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n));
+  for (auto& x : a) x = random_pair(rng);
+  for (auto& x : b) x = random_pair(rng);
+  std::vector<float> c1(static_cast<std::size_t>(m * n)), c2 = c1, c3 = c1;
+  arch::native::gemm<false>(m, n, k, a.data(), k, b.data(), n, c1.data(), n);
+  arch::native::gemm<false>(m, n, k, a.data(), k, b.data(), n, c2.data(), n);
+  arch::avx512::gemm<false>(m, n, k, a.data(), k, b.data(), n, c3.data(), n);
+  double worst = 0;
+  for (std::size_t e = 0; e < c1.size(); ++e) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(c1[e]), std::bit_cast<std::uint32_t>(c2[e])) << "element " << e;
+    worst = std::max(worst, std::fabs(double(c1[e]) - c3[e]));
+  }
+  EXPECT_LT(worst, 1e-4);
+  // How the hardware orders a pair's two products: count the elements that differ from a
+  // sequential fp32 sum taking each pair's low half first, and from one taking the high half
+  // first (vdpbf16ps's order). Informational: the contract is the bound above.
+  int low_first = 0, high_first = 0;
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      float lo_hi = 0.0f, hi_lo = 0.0f;
+      for (index_t p = 0; p < k; ++p) {
+        const bf16x2 x = a[static_cast<std::size_t>(i * k + p)], y = b[static_cast<std::size_t>(p * n + j)];
+        lo_hi += to_float(x.lo) * to_float(y.lo);
+        lo_hi += to_float(x.hi) * to_float(y.hi);
+        hi_lo += to_float(x.hi) * to_float(y.hi);
+        hi_lo += to_float(x.lo) * to_float(y.lo);
+      }
+      const float got = c1[static_cast<std::size_t>(i * n + j)];
+      low_first += got != lo_hi;
+      high_first += got != hi_lo;
+    }
+  std::printf("[ amx ] max |AMX - vdpbf16ps| on a 128 x 512 x 128 tile: %.3g; elements differing from a sequential "
+              "fp32 sum, low half first: %d, high half first: %d (of %d)\n",
+              worst, low_first, high_first, static_cast<int>(m * n));
+}
+
+// ---- The kernels on AMX ----------------------------------------------------------------
+
+struct KernelCase {
+  std::string name;
+  test::ProblemShape shape;
+  bool causal;
+};
+
+std::vector<KernelCase> kernel_cases() {
+  return {{"one query", {1, 1, 17, 2, 1, 64, 64}, false},
+          {"17 x 127 causal, d 40", {1, 17, 127, 2, 2, 40, 40}, true},
+          {"127 x 300, GQA, d 128", {2, 127, 300, 4, 2, 128, 128}, false},
+          {"300 causal, d 128", {1, 300, 300, 2, 2, 128, 128}, true},
+          {"1000 causal, d 64 / 72", {1, 1000, 1000, 1, 1, 64, 72}, true}};
+}
+
+std::vector<float> to_floats(const std::vector<bf16>& x) {
+  std::vector<float> f(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) f[i] = to_float(x[i]);
+  return f;
+}
+
+TEST(AmxKernels, Bf16ForwardWithinTwiceNaiveBf16) {
+  SKIP_WITHOUT_AMX();
+  for (const KernelCase& c : kernel_cases()) {
+    SCOPED_TRACE(c.name);
+    const test::ProblemShape& s = c.shape;
+    test::BackwardProblem<bf16> p(s, 1600);
+    ForwardOptions opts;
+    opts.causal = c.causal;
+    p.forward(opts);
+    const reference::Options ref_opts = reference::Options::from(opts);
+    const std::vector<float> q = to_floats(p.q), k = to_floats(p.k), v = to_floats(p.v);
+    const auto qf = make_bshd<const float>(q.data(), s.batch, s.seqlen_q, s.heads, s.head_dim);
+    const auto kf = make_bshd<const float>(k.data(), s.batch, s.seqlen_k, s.heads_kv, s.head_dim);
+    const auto vf = make_bshd<const float>(v.data(), s.batch, s.seqlen_k, s.heads_kv, s.head_dim_v);
+    const auto ref = reference::attention(qf, kf, vf, ref_opts);
+    std::vector<float> naive_o(p.o.size()), naive_lse(p.lse.size());
+    test::naive_same_precision<bf16>(qf, kf, vf, ref_opts,
+                                     make_bshd(naive_o.data(), s.batch, s.seqlen_q, s.heads, s.head_dim_v),
+                                     make_lse(naive_lse.data(), s.batch, s.heads, s.seqlen_q));
+    double err = 0, naive_err = 0;
+    for (std::size_t e = 0; e < p.o.size(); ++e) {
+      err = std::max(err, std::fabs(to_float(p.o[e]) - ref.o[e]));
+      naive_err = std::max(naive_err, std::fabs(naive_o[e] - ref.o[e]));
+    }
+    EXPECT_GT(naive_err, 0.0);
+    EXPECT_LE(err, 2.0 * naive_err + 1e-5) << "naive bf16 error " << naive_err;
+    std::printf("[ amx ] %-24s forward max error %.3g, naive bf16 %.3g\n", c.name.c_str(), err, naive_err);
+  }
+}
+
+TEST(AmxKernels, Bf16BackwardWithinThriceNaiveBf16) {
+  SKIP_WITHOUT_AMX();
+  for (const KernelCase& c : kernel_cases()) {
+    SCOPED_TRACE(c.name);
+    test::BackwardProblem<bf16> p(c.shape, 1700);
+    BackwardOptions opts;
+    opts.causal = c.causal;
+    p.forward(opts);
+    p.backward(opts);
+    const reference::Options ref_opts = reference::Options::from(opts);
+    const reference::BackwardResult ref = p.reference(ref_opts);
+    const reference::NaiveBackwardF naive = p.naive(ref_opts);
+    const auto check = [&](const std::vector<float>& got, const auto& want, const std::vector<float>& naive_got,
+                           const std::string& name) {
+      const test::GradError e = test::grad_error(got, want, name);
+      const test::GradError n = test::grad_error(naive_got, want, name + " (naive)");
+      EXPECT_EQ(e.problem, "");
+      const double bound = 3.0 * std::max(n.max_error, e.magnitude / 256) + 2e-4 * e.magnitude;
+      EXPECT_LE(e.max_error, bound) << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
+      EXPECT_GT(e.magnitude, 0.0) << name;
+      std::printf("[ amx ] %-24s %s max error %.3g, naive bf16 %.3g\n", c.name.c_str(), name.c_str(), e.max_error,
+                  n.max_error);
+    };
+    check(p.grad_q(), ref.dq, naive.dq, "dq");
+    check(p.grad_k(), ref.dk, naive.dk, "dk");
+    check(p.grad_v(), ref.dv, naive.dv, "dv");
+  }
+}
+
+TEST(AmxKernels, Bf16BitwiseIdenticalAcrossThreadCountsAndBackends) {
+  SKIP_WITHOUT_AMX();
+  const test::ProblemShape s{2, 300, 333, 4, 2, 128, 128};
+  const auto run = [&](Execution e) {
+    test::BackwardProblem<bf16> p(s, 1800);
+    BackwardOptions opts;
+    opts.causal = true;
+    opts.execution = e;
+    p.forward(opts);
+    p.backward(opts);
+    std::vector<std::uint16_t> bits;
+    for (const auto* x : {&p.o, &p.dq, &p.dk, &p.dv})
+      for (const bf16 v : *x) bits.push_back(v.bits);
+    for (const float l : p.lse) bits.push_back(static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(l) >> 16)),
+        bits.push_back(static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(l)));
+    return bits;
+  };
+  const auto first = run({Backend::serial, 1});
+  for (const Backend b : test::compiled_backends())
+    for (const int threads : {1, 2, 3, 8}) {
+      SCOPED_TRACE(std::string(to_string(b)) + " x " + std::to_string(threads));
+      EXPECT_TRUE(run({b, threads}) == first);
+    }
+}
+
+#else
+
+TEST(AmxSupport, KernelsNotCompiledHere) {
+  GTEST_SKIP() << "arch/amx.hpp's kernels are not compiled for this target (they need AVX-512 BF16 on x86-64 "
+                  "Linux with GCC or Clang, and no TILEATTN_NO_AMX)";
+}
+
+#endif
+
+}  // namespace
+}  // namespace tileattn
