@@ -91,6 +91,7 @@ __attribute__((target("amx-tile,amx-bf16"))) inline float amx_bf16_chains(long i
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
+  __asm__ __volatile__("" ::: "memory");  // GCC's tileloadd names no memory operand
   _tile_loadd(4, operand, 64);
   _tile_loadd(5, operand, 64);
   _tile_loadd(6, operand, 64);

@@ -137,8 +137,12 @@ inline void tile_dot() {
 }
 #else
 // Tile numbers must be literals in the intrinsics: one branch per tile, chosen at compile time.
+// GCC's tileloadd asm names no memory operand, so without the barrier the compiler may sink
+// or drop the stores that just filled an edge buffer (it cannot see the load read them);
+// Clang's builtins say so themselves. tilestored's asm clobbers memory in both.
 template <int T>
 TILEATTN_AMX_TARGET inline void tile_load(const void* p, index_t stride_bytes) {
+  __asm__ __volatile__("" ::: "memory");
   if constexpr (T == 0) _tile_loadd(0, p, stride_bytes);
   else if constexpr (T == 1) _tile_loadd(1, p, stride_bytes);
   else if constexpr (T == 2) _tile_loadd(2, p, stride_bytes);

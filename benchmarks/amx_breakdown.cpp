@@ -1,0 +1,144 @@
+// benchmarks/amx_breakdown.cpp: where the bf16 forward's time goes on one core, on an AMX
+// machine: the bf16 pair gemm on the tile shapes the forward and backward give it, on AMX
+// tiles and on vdpbf16ps, as a fraction of the register-resident AMX loop; the softmax pass
+// per score; and the whole forward, with its tile plan, in cycles per score.
+// Standard library only (no Google Benchmark), so it builds on a bare machine:
+//   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/amx_breakdown.cpp -o amx_breakdown
+//   ./amx_breakdown [N]       # N (default 2048): the forward's sequence length, H 2, d 128
+// Times: best of several runs in this thread's CPU time.
+#include <tileattn/tileattn.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <random>
+#include <vector>
+
+#include "ceilings.hpp"
+
+namespace {
+
+using tileattn::bf16x2;
+using tileattn::index_t;
+
+double thread_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+template <class Body>
+double best_seconds(Body body, long calls, int trials = 7) {
+  double best = 1e30;
+  for (int t = 0; t < trials; ++t) {
+    const double start = thread_seconds();
+    for (long c = 0; c < calls; ++c) body();
+    best = std::min(best, (thread_seconds() - start) / static_cast<double>(calls));
+  }
+  return best;
+}
+
+std::vector<bf16x2> pairs(std::size_t n) {
+  std::vector<bf16x2> v(n);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (auto& p : v) p.lo = tileattn::bf16(nd(rng)), p.hi = tileattn::bf16(nd(rng));
+  return v;
+}
+
+struct Shape {
+  index_t m, n, k;  // k in pairs
+  bool trans_a, accumulate;
+  const char* what;
+};
+
+template <bool Acc, bool Trans, class Gemm>
+double gemm_gflops(const Shape& s, Gemm gemm) {
+  const index_t a_rows = Trans ? s.k : s.m, a_cols = Trans ? s.m : s.k;
+  const index_t lda = (a_cols + 15) / 16 * 16, ldb = (s.n + 15) / 16 * 16, ldc = ldb;
+  const auto a = pairs(static_cast<std::size_t>(a_rows * lda)), b = pairs(static_cast<std::size_t>(s.k * ldb));
+  std::vector<float> c(static_cast<std::size_t>(s.m * ldc), 0.5f);
+  const double flops = 4.0 * s.m * s.n * s.k;
+  const long calls = std::max(1L, static_cast<long>(4e9 / flops));
+  const double sec = best_seconds([&] { gemm(s.m, s.n, s.k, a.data(), lda, b.data(), ldb, c.data(), ldc); }, calls);
+  return flops / sec * 1e-9;
+}
+
+template <bool Acc, bool Trans>
+void report(const Shape& s, double amx_peak) {
+  namespace arch = tileattn::arch;
+  const double avx = gemm_gflops<Acc, Trans>(s, [](auto... x) { arch::avx512::gemm<Acc, Trans>(x...); });
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+  const double amx = arch::amx::tiles_in_use()
+                         ? gemm_gflops<Acc, Trans>(s, [](auto... x) { arch::amx::gemm<Acc, Trans>(x...); })
+                         : 0.0;
+#else
+  const double amx = 0.0;
+#endif
+  std::printf("  %-34s %4ld x %4ld x %4ld pairs: AMX %7.1f GFLOP/s (%4.1f%% of the AMX loop), vdpbf16ps %6.1f\n", s.what,
+              static_cast<long>(s.m), static_cast<long>(s.n), static_cast<long>(s.k), amx,
+              amx_peak > 0 ? 100.0 * amx / amx_peak : 0.0, avx);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const index_t seqlen = argc > 1 ? std::atol(argv[1]) : 2048;
+  const double amx_peak = tileattn::bench::amx_bf16_peak_gflops(1);
+  std::printf("1 thread: AMX loop %.1f GFLOP/s, vdpbf16ps loop %.1f, FMA loop %.1f; AMX tiles %s\n", amx_peak,
+              tileattn::bench::bf16_dot_peak_gflops(1), tileattn::bench::fma_peak_gflops(1),
+              tileattn::arch::amx_support::describe(tileattn::arch::amx_support::status()));
+  const Shape shapes[] = {
+      {128, 512, 64, false, false, "S = Q K^T, Br 128, Bc 512, d 128"},
+      {64, 512, 64, false, false, "S = Q K^T, Br 64, Bc 512, d 128"},
+      {256, 256, 64, false, false, "S = Q K^T, Br 256, Bc 256, d 128"},
+      {128, 128, 256, false, true, "O += P V, Br 128, Bc 512, d 128"},
+      {128, 128, 128, false, true, "O += P V, Br 128, Bc 256, d 128"},
+      {128, 128, 32, true, true, "dV += P^T dO, Br 64, Bc 128, d 128"},
+      {113, 203, 48, false, false, "odd sizes"},
+  };
+  for (const Shape& s : shapes) {
+    if (s.trans_a) report<true, true>(s, amx_peak);
+    else if (s.accumulate) report<true, false>(s, amx_peak);
+    else report<false, false>(s, amx_peak);
+  }
+  {  // the softmax pass over one 128 x 512 score tile, writing bf16 pairs
+    constexpr index_t rows = 128, cols = 512;
+    std::vector<float> x(rows * cols), scale(rows, 0.18f), shift(rows, 0.5f), sums(rows);
+    std::vector<bf16x2> p(rows * cols / 2);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) * 0.3f - 2.0f;
+    const double sec = best_seconds([&] {
+      tileattn::arch::native::exp2_shift_sum_rows(x.data(), cols, rows, cols, scale.data(), shift.data(), sums.data(),
+                                                  p.data(), cols / 2);
+    }, 50);
+    std::printf("  softmax pass (exp2, sum, bf16 pairs) on 128 x 512: %.3f ns per score\n", sec * 1e9 / (rows * cols));
+    const double max_sec = best_seconds([&] {
+      float m = 0;
+      for (index_t r = 0; r < rows; ++r) m += tileattn::arch::native::row_max(x.data() + r * cols, cols);
+      asm volatile("" : : "x"(m));
+    }, 50);
+    std::printf("  row max on 128 x 512: %.3f ns per score\n", max_sec * 1e9 / (rows * cols));
+  }
+  for (const bool causal : {false, true}) {  // the whole forward on one thread
+    const index_t h = 2, d = 128;
+    std::vector<tileattn::bf16> q(seqlen * h * d), k(q.size()), v(q.size()), o(q.size());
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    for (auto* t : {&q, &k, &v})
+      for (auto& e : *t) e = tileattn::bf16(nd(rng));
+    tileattn::ForwardOptions opts;
+    opts.causal = causal;
+    opts.execution = {tileattn::Backend::serial, 1};
+    const auto qv = tileattn::make_bshd<const tileattn::bf16>(q.data(), 1, seqlen, h, d);
+    const auto kv = tileattn::make_bshd<const tileattn::bf16>(k.data(), 1, seqlen, h, d);
+    const auto vv = tileattn::make_bshd<const tileattn::bf16>(v.data(), 1, seqlen, h, d);
+    const tileattn::TilePlan plan = tileattn::plan_forward(qv, kv, vv, opts);
+    const double sec = best_seconds([&] { tileattn::forward(qv, kv, vv, tileattn::make_bshd(o.data(), 1, seqlen, h, d), opts); }, 1, 5);
+    const double scores = static_cast<double>(h) * seqlen * seqlen / (causal ? 2 : 1);
+    std::printf("forward bf16 N %ld H %ld d %ld %s, 1 thread, Br %ld Bc %ld: %.1f GFLOP/s, %.3f ns per score\n",
+                static_cast<long>(seqlen), static_cast<long>(h), static_cast<long>(d), causal ? "causal" : "full",
+                static_cast<long>(plan.query_tile_rows), static_cast<long>(plan.key_tile_rows),
+                4.0 * d * scores / sec * 1e-9, sec * 1e9 / scores);
+  }
+}
