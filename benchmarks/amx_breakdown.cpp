@@ -76,9 +76,19 @@ void report(const Shape& s, double amx_peak) {
 #else
   const double amx = 0.0;
 #endif
-  std::printf("  %-34s %4ld x %4ld x %4ld pairs: AMX %7.1f GFLOP/s (%4.1f%% of the AMX loop), vdpbf16ps %6.1f\n", s.what,
-              static_cast<long>(s.m), static_cast<long>(s.n), static_cast<long>(s.k), amx,
-              amx_peak > 0 ? 100.0 * amx / amx_peak : 0.0, avx);
+#if defined(TILEATTN_HAS_AMX_KERNELS)  // the same with B read in place (never packed)
+  const index_t pack_default = arch::amx::detail::pack_min_rows;
+  arch::amx::detail::pack_min_rows = index_t{1} << 40;
+  const double in_place = arch::amx::tiles_in_use()
+                              ? gemm_gflops<Acc, Trans>(s, [](auto... x) { arch::amx::gemm<Acc, Trans>(x...); })
+                              : 0.0;
+  arch::amx::detail::pack_min_rows = pack_default;
+#else
+  const double in_place = 0.0;
+#endif
+  std::printf("  %-34s %4ld x %4ld x %4ld pairs: AMX %7.1f GFLOP/s (%4.1f%% of the AMX loop; B in place %7.1f), "
+              "vdpbf16ps %6.1f\n", s.what, static_cast<long>(s.m), static_cast<long>(s.n), static_cast<long>(s.k), amx,
+              amx_peak > 0 ? 100.0 * amx / amx_peak : 0.0, in_place, avx);
 }
 
 }  // namespace
@@ -90,6 +100,8 @@ int main(int argc, char** argv) {
               tileattn::bench::bf16_dot_peak_gflops(1), tileattn::bench::fma_peak_gflops(1),
               tileattn::arch::amx_support::describe(tileattn::arch::amx_support::status()));
   const Shape shapes[] = {
+      {1024, 128, 64, false, false, "S = Q K^T, Br 1024, Bc 128, d 128"},
+      {1024, 128, 64, false, true, "O += P V, Br 1024, Bc 128, d 128"},
       {128, 512, 64, false, false, "S = Q K^T, Br 128, Bc 512, d 128"},
       {64, 512, 64, false, false, "S = Q K^T, Br 64, Bc 512, d 128"},
       {256, 256, 64, false, false, "S = Q K^T, Br 256, Bc 256, d 128"},

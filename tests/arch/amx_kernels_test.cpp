@@ -159,15 +159,19 @@ TEST(AmxGemm, MatchesDoubleOnAwkwardShapesWithoutTouchingPadding) {
   SKIP_WITHOUT_AMX();
   std::mt19937 rng(16);
   int cases = 0;
-  for (const index_t m : {1, 15, 16, 17, 32, 33, 70})
-    for (const index_t n : {1, 16, 17, 31, 32, 48, 100})
-      for (const index_t k : {1, 7, 16, 17, 64, 300})
-        for (const bool trans_a : {false, true})
-          for (const bool accumulate : {false, true}) {
-            check_gemm({m, n, k, trans_a, accumulate}, rng);
-            ++cases;
-            if (HasFailure()) return;
-          }
+  const index_t pack_default = arch::amx::detail::pack_min_rows;
+  for (const index_t pack_from : {index_t{0}, index_t{1} << 40})  // B packed always, never
+    for (const index_t m : {1, 15, 16, 17, 32, 33, 70})
+      for (const index_t n : {1, 16, 17, 31, 32, 48, 100})
+        for (const index_t k : {1, 7, 16, 17, 64, 300})
+          for (const bool trans_a : {false, true})
+            for (const bool accumulate : {false, true}) {
+              arch::amx::detail::pack_min_rows = pack_from;
+              check_gemm({m, n, k, trans_a, accumulate}, rng);
+              arch::amx::detail::pack_min_rows = pack_default;
+              ++cases;
+              if (HasFailure()) return;
+            }
   std::printf("[ amx ] %d gemm cases within the fp32 bound\n", cases);
 }
 
@@ -201,24 +205,32 @@ TEST(AmxGemm, AttentionTilesAreReproducibleAndAgreeWithTheDotProductKernel) {
   // How the hardware orders a pair's two products: count the elements that differ from a
   // sequential fp32 sum taking each pair's low half first, and from one taking the high half
   // first (vdpbf16ps's order). Informational: the contract is the bound above.
-  int low_first = 0, high_first = 0;
+  // Also from sums that round once per pair, and once per instruction (16 pairs, exactly).
+  int low_first = 0, high_first = 0, per_pair = 0, per_16_pairs = 0;
   for (index_t i = 0; i < m; ++i)
     for (index_t j = 0; j < n; ++j) {
-      float lo_hi = 0.0f, hi_lo = 0.0f;
+      float lo_hi = 0.0f, hi_lo = 0.0f, pair = 0.0f, group = 0.0f;
+      double exact = 0.0;
       for (index_t p = 0; p < k; ++p) {
         const bf16x2 x = a[static_cast<std::size_t>(i * k + p)], y = b[static_cast<std::size_t>(p * n + j)];
-        lo_hi += to_float(x.lo) * to_float(y.lo);
-        lo_hi += to_float(x.hi) * to_float(y.hi);
-        hi_lo += to_float(x.hi) * to_float(y.hi);
-        hi_lo += to_float(x.lo) * to_float(y.lo);
+        const float lo = to_float(x.lo) * to_float(y.lo), hi = to_float(x.hi) * to_float(y.hi);  // exact
+        lo_hi += lo;
+        lo_hi += hi;
+        hi_lo += hi;
+        hi_lo += lo;
+        pair = static_cast<float>(double(pair) + (double(lo) + double(hi)));
+        exact += double(lo) + double(hi);
+        if (p % 16 == 15 || p == k - 1) group = static_cast<float>(double(group) + exact), exact = 0.0;
       }
       const float got = c1[static_cast<std::size_t>(i * n + j)];
       low_first += got != lo_hi;
       high_first += got != hi_lo;
+      per_pair += got != pair;
+      per_16_pairs += got != group;
     }
-  std::printf("[ amx ] max |AMX - vdpbf16ps| on a 128 x 512 x 128 tile: %.3g; elements differing from a sequential "
-              "fp32 sum, low half first: %d, high half first: %d (of %d)\n",
-              worst, low_first, high_first, static_cast<int>(m * n));
+  std::printf("[ amx ] max |AMX - vdpbf16ps| on a 128 x 512 x 128 tile: %.3g; elements differing from fp32 sums "
+              "rounding per product, low half first: %d, high half first: %d; per pair: %d; per 16 pairs: %d (of %d)\n",
+              worst, low_first, high_first, per_pair, per_16_pairs, static_cast<int>(m * n));
 }
 
 // ---- The kernels on AMX ----------------------------------------------------------------
@@ -305,6 +317,14 @@ TEST(AmxKernels, Bf16BackwardWithinThriceNaiveBf16) {
 TEST(AmxKernels, Bf16BitwiseIdenticalAcrossThreadCountsAndBackends) {
   SKIP_WITHOUT_AMX();
   const test::ProblemShape s{2, 300, 333, 4, 2, 128, 128};
+  struct Outputs {
+    std::vector<std::uint32_t> o, lse, dq, dk, dv;
+  };
+  const auto bits = [](const std::vector<bf16>& x) {
+    std::vector<std::uint32_t> b;
+    for (const bf16 v : x) b.push_back(v.bits);
+    return b;
+  };
   const auto run = [&](Execution e) {
     test::BackwardProblem<bf16> p(s, 1800);
     BackwardOptions opts;
@@ -312,18 +332,31 @@ TEST(AmxKernels, Bf16BitwiseIdenticalAcrossThreadCountsAndBackends) {
     opts.execution = e;
     p.forward(opts);
     p.backward(opts);
-    std::vector<std::uint16_t> bits;
-    for (const auto* x : {&p.o, &p.dq, &p.dk, &p.dv})
-      for (const bf16 v : *x) bits.push_back(v.bits);
-    for (const float l : p.lse) bits.push_back(static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(l) >> 16)),
-        bits.push_back(static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(l)));
-    return bits;
+    Outputs out{bits(p.o), {}, bits(p.dq), bits(p.dk), bits(p.dv)};
+    for (const float l : p.lse) out.lse.push_back(std::bit_cast<std::uint32_t>(l));
+    return out;
   };
-  const auto first = run({Backend::serial, 1});
+  const auto compare = [](const Outputs& got, const Outputs& want) {
+    const auto first_difference = [](const std::vector<std::uint32_t>& x, const std::vector<std::uint32_t>& y) {
+      for (std::size_t i = 0; i < x.size(); ++i)
+        if (x[i] != y[i]) return static_cast<long>(i);
+      return -1L;
+    };
+    EXPECT_EQ(first_difference(got.o, want.o), -1) << "O";
+    EXPECT_EQ(first_difference(got.lse, want.lse), -1) << "LSE";
+    EXPECT_EQ(first_difference(got.dq, want.dq), -1) << "dQ";
+    EXPECT_EQ(first_difference(got.dk, want.dk), -1) << "dK";
+    EXPECT_EQ(first_difference(got.dv, want.dv), -1) << "dV";
+  };
+  const Outputs first = run({Backend::serial, 1});
+  {
+    SCOPED_TRACE("serial x 1, again");
+    compare(run({Backend::serial, 1}), first);
+  }
   for (const Backend b : test::compiled_backends())
     for (const int threads : {1, 2, 3, 8}) {
       SCOPED_TRACE(std::string(to_string(b)) + " x " + std::to_string(threads));
-      EXPECT_TRUE(run({b, threads}) == first);
+      compare(run({b, threads}), first);
     }
 }
 

@@ -40,6 +40,8 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <type_traits>
 
 #include "tileattn/core/half_types.hpp"
@@ -224,22 +226,45 @@ TILEATTN_AMX_TARGET inline void a_load(const bf16x2* a, index_t lda, index_t row
   }
 }
 
-/// Loads B tile 6 + J: pair rows [0, kp) of b, columns [16 J, 16 J + cols_j).
+/// Where B's tiles come from: B itself (element (p, j) at data[p * ld + j]), or a packed copy
+/// (packed_tiles > 0) whose 16 x 16 tile for pairs [16 s, 16 s + 16) and columns
+/// [16 t, 16 t + 16) lies whole and zero-padded at data + (s * packed_tiles + t) * 256.
+struct BOperand {
+  const std::uint32_t* data;
+  index_t ld;
+  index_t packed_tiles = 0;  // column tiles per step of K in the packed copy; 0: not packed
+};
+
+/// Loads B tile 6 + J: pair rows [p, p + kp) of b, columns [j, j + cols_j).
 template <int J>
-TILEATTN_AMX_TARGET inline void b_load(const bf16x2* b, index_t ldb, index_t kp, index_t cols_j, EdgeBuffers& buf) {
-  if (kp == dim && cols_j == dim) {
-    tile_load<6 + J>(b, ldb * 4);
+TILEATTN_AMX_TARGET inline void b_load(const BOperand& b, index_t p, index_t j, index_t kp, index_t cols_j,
+                                       EdgeBuffers& buf) {
+  if (b.packed_tiles > 0) {
+    tile_load<6 + J>(b.data + (p / dim * b.packed_tiles + j / dim) * dim * dim, dim * 4);
+  } else if (kp == dim && cols_j == dim) {
+    tile_load<6 + J>(b.data + p * b.ld + j, b.ld * 4);
   } else {
-    pad_block(b, ldb, kp, cols_j, buf.b[J]);
+    pad_block(b.data + p * b.ld + j, b.ld, kp, cols_j, buf.b[J]);
     tile_load<6 + J>(buf.b[J], dim * 4);
   }
 }
 
+/// packed (the packed copy BOperand describes) = B's k pairs x n columns, zero-padded to
+/// whole tiles; returns its BOperand.
+inline BOperand pack_b(const bf16x2* b, index_t ldb, index_t k, index_t n, std::uint32_t* packed) {
+  const index_t tiles = (n + dim - 1) / dim;
+  for (index_t p = 0; p < k; p += dim)
+    for (index_t t = 0; t < tiles; ++t)
+      pad_block(b + p * ldb + t * dim, ldb, k - p < dim ? k - p : dim, n - t * dim < dim ? n - t * dim : dim,
+                packed + (p / dim * tiles + t) * dim * dim);
+  return {packed, 0, tiles};
+}
+
 /// C (rows x cols, at most 16 MT x 16 NT) (+)= A (rows x k pairs) B (k pairs x cols), all
-/// of K in the accumulator tiles.
+/// of K in the accumulator tiles; B's columns from j on.
 template <int MT, int NT>
 TILEATTN_AMX_TARGET inline void block(index_t rows, index_t cols, index_t k, const bf16x2* a, index_t lda,
-                                      const bf16x2* b, index_t ldb, float* c, index_t ldc, bool accumulate,
+                                      const BOperand& b, index_t j, float* c, index_t ldc, bool accumulate,
                                       EdgeBuffers& buf) {
   const index_t r1 = rows - dim, c1 = cols - dim;  // rows and columns of the second tiles
   const CTile t00{c, rows < dim ? rows : dim, cols < dim ? cols : dim};
@@ -254,8 +279,8 @@ TILEATTN_AMX_TARGET inline void block(index_t rows, index_t cols, index_t k, con
     const index_t kp = k - p < dim ? k - p : dim;
     a_load<0>(a + p, lda, t00.rows, kp, buf);
     if constexpr (MT > 1) a_load<1>(a + dim * lda + p, lda, t10.rows, kp, buf);
-    b_load<0>(b + p * ldb, ldb, kp, t00.cols, buf);
-    if constexpr (NT > 1) b_load<1>(b + p * ldb + dim, ldb, kp, t01.cols, buf);
+    b_load<0>(b, p, j, kp, t00.cols, buf);
+    if constexpr (NT > 1) b_load<1>(b, p, j + dim, kp, t01.cols, buf);
     tile_dot<0, 0>();
     if constexpr (NT > 1) tile_dot<0, 1>();
     if constexpr (MT > 1) tile_dot<1, 0>();
@@ -269,16 +294,16 @@ TILEATTN_AMX_TARGET inline void block(index_t rows, index_t cols, index_t k, con
 
 /// C's rows [0, rows) (rows <= 32) across all n columns, in 32 x 32 blocks.
 TILEATTN_AMX_TARGET inline void row_panel(index_t rows, index_t n, index_t k, const bf16x2* a, index_t lda,
-                                          const bf16x2* b, index_t ldb, float* c, index_t ldc, bool accumulate,
+                                          const BOperand& b, float* c, index_t ldc, bool accumulate,
                                           EdgeBuffers& buf) {
   for (index_t j = 0; j < n; j += 2 * dim) {
     const index_t cols = n - j < 2 * dim ? n - j : 2 * dim;
     if (rows > dim) {
-      if (cols > dim) block<2, 2>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
-      else block<2, 1>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
+      if (cols > dim) block<2, 2>(rows, cols, k, a, lda, b, j, c + j, ldc, accumulate, buf);
+      else block<2, 1>(rows, cols, k, a, lda, b, j, c + j, ldc, accumulate, buf);
     } else {
-      if (cols > dim) block<1, 2>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
-      else block<1, 1>(rows, cols, k, a, lda, b + j, ldb, c + j, ldc, accumulate, buf);
+      if (cols > dim) block<1, 2>(rows, cols, k, a, lda, b, j, c + j, ldc, accumulate, buf);
+      else block<1, 1>(rows, cols, k, a, lda, b, j, c + j, ldc, accumulate, buf);
     }
   }
 }
@@ -317,26 +342,52 @@ struct TileSession {
   TileSession& operator=(const TileSession&) = delete;
 };
 
-/// The AMX gemm; the caller has checked amx_support::available().
+/// Rows of C from which B is packed once per call (each packed tile then serves m / 32 row
+/// panels; fewer rows read B in place).
+inline index_t pack_min_rows = 128;
+
+/// Per-thread storage for the packed B, grown to the largest call (depth x n pairs).
+inline std::uint32_t* packed_b_storage(index_t elements) {
+  struct Storage {
+    std::uint32_t* data = nullptr;
+    index_t size = 0;
+    ~Storage() { std::free(data); }
+  };
+  thread_local Storage s;
+  if (s.size < elements) {
+    std::free(s.data);
+    s.data = static_cast<std::uint32_t*>(std::aligned_alloc(64, static_cast<std::size_t>(elements) * 4));
+    if (s.data == nullptr) throw std::bad_alloc();
+    s.size = elements;
+  }
+  return s.data;
+}
+
+/// The AMX gemm; the caller has checked amx_support::available(). K is taken in chunks of
+/// transposed_depth pairs (C passes through memory between them, exactly), each chunk's B
+/// packed when there are rows enough to reuse it, A transposed panel by panel for TransA.
 template <bool Accumulate, bool TransA>
 TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
                                    index_t ldb, float* c, index_t ldc) {
   [[maybe_unused]] TileSession session;
   EdgeBuffers buf;
-  if constexpr (!TransA) {
+  const bool pack = m >= pack_min_rows;
+  const index_t n_pad = (n + dim - 1) / dim * dim;
+  std::uint32_t* packed = pack ? packed_b_storage(transposed_depth * n_pad) : nullptr;
+  alignas(64) std::uint32_t panel[TransA ? 2 * dim * transposed_depth : 1];
+  for (index_t p = 0; p < k; p += transposed_depth) {
+    const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
+    const bool accumulate = Accumulate || p > 0;
+    const BOperand b_op = pack ? pack_b(b + p * ldb, ldb, depth, n, packed)
+                               : BOperand{reinterpret_cast<const std::uint32_t*>(b + p * ldb), ldb};
     for (index_t i = 0; i < m; i += 2 * dim) {
       const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
-      row_panel(rows, n, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, Accumulate, buf);
-    }
-  } else {
-    alignas(64) std::uint32_t panel[2 * dim * transposed_depth];
-    for (index_t i = 0; i < m; i += 2 * dim) {
-      const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
-      for (index_t p = 0; p < k; p += transposed_depth) {
-        const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
+      if constexpr (TransA) {
         transpose_panel(a + p * lda + i, lda, rows, depth, panel);
-        row_panel(rows, n, depth, reinterpret_cast<const bf16x2*>(panel), transposed_depth, b + p * ldb, ldb,
-                  c + i * ldc, ldc, Accumulate || p > 0, buf);
+        row_panel(rows, n, depth, reinterpret_cast<const bf16x2*>(panel), transposed_depth, b_op, c + i * ldc, ldc,
+                  accumulate, buf);
+      } else {
+        row_panel(rows, n, depth, a + i * lda + p, lda, b_op, c + i * ldc, ldc, accumulate, buf);
       }
     }
   }
