@@ -25,6 +25,8 @@ IoCounts expected_io(const ProblemShape& s, const BackwardPlan& plan, bool causa
     // rows that see a key of [col0, col0 + cols): i + offset >= col0 when causal
     index_t lo = 0, hi = s.seqlen_q;
     if (causal) lo = std::clamp<index_t>(col0 - offset, 0, s.seqlen_q);
+    const index_t group = std::min<index_t>(32, br);  // visits start at a multiple (kernels::rows_visiting)
+    if (lo < hi) lo = lo / group * group;
     index_t rows = 0;
     for (index_t t = lo / br; t * br < hi; ++t) rows += std::min(hi, (t + 1) * br) - std::max(lo, t * br);
     io.bytes_read += bh * u(rows) * (u(s.head_dim + s.head_dim_v) * elt + 8 + u(s.head_dim) * 4);  // Q dO LSE D acc

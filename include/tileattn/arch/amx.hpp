@@ -95,9 +95,12 @@ inline void unpad_block(const float* buf, index_t rows, index_t cols, float* dst
 }
 
 #if defined(TILEATTN_AMX_EMULATE)
-// Tests only: the eight tiles and tdpbf16ps emulated in plain C++ (each pair's products
-// added low half first, one fp32 rounding each, subnormal bf16 inputs read as zero), so the
-// blocking, edge and transpose logic runs on machines without AMX.
+// Tests only: the eight tiles and tdpbf16ps emulated in plain C++, so the blocking, edge and
+// transpose logic runs on machines without AMX. The emulated instruction adds its 32 products
+// (exact in double) to the accumulator with one rounding, subnormal bf16 inputs read as zero:
+// not the hardware's bits (which round neither so nor per product), but, like the hardware,
+// sensitive to where a tiling splits a sum, so tests of bitwise reproducibility catch splits
+// that fall off the 16-pair grid (kernels::sum_group_values).
 struct EmulatedTiles {
   std::uint32_t t[8][dim][dim];
 };
@@ -128,13 +131,13 @@ inline void tile_dot() {
   auto& t = emulated_tiles().t;
   for (index_t m = 0; m < dim; ++m)
     for (index_t n = 0; n < dim; ++n) {
-      float c = std::bit_cast<float>(t[2 * I + J][m][n]);
+      double sum = std::bit_cast<float>(t[2 * I + J][m][n]);
       for (index_t k = 0; k < dim; ++k) {
         const std::uint32_t a = t[4 + I][m][k], b = t[6 + J][k][n];
-        c += emulated_bf16(a & 0xffffu) * emulated_bf16(b & 0xffffu);
-        c += emulated_bf16(a >> 16) * emulated_bf16(b >> 16);
+        sum += double(emulated_bf16(a & 0xffffu)) * emulated_bf16(b & 0xffffu);
+        sum += double(emulated_bf16(a >> 16)) * emulated_bf16(b >> 16);
       }
-      t[2 * I + J][m][n] = std::bit_cast<std::uint32_t>(c);
+      t[2 * I + J][m][n] = std::bit_cast<std::uint32_t>(static_cast<float>(sum));
     }
 }
 #else

@@ -175,10 +175,11 @@ void accumulate_tn(Tile<float>& c, const TileA& a_t, const TileB& b, bool b_fini
 }
 
 /// The keys [k0, k1) of a key tile [col0, col0 + cols) that query rows [r0, r0 + n) can
-/// see (first() and end() never decrease with the row), k0 rounded down and k1 up to even.
+/// see (first() and end() never decrease with the row), k0 rounded down to a multiple of
+/// sum_group_values (so dQ += dS K groups its sum alike for any key tiling) and k1 up to even.
 inline std::pair<index_t, index_t> keys_seen(const ops::KeyWindow& w, index_t r0, index_t n, index_t col0,
                                              index_t cols) {
-  const index_t k0 = std::clamp<index_t>(w.first(r0) - col0, 0, cols) / 2 * 2;
+  const index_t k0 = std::clamp<index_t>(w.first(r0) - col0, 0, cols) / sum_group_values * sum_group_values;
   const index_t k1 = std::clamp<index_t>(w.end(r0 + n - 1) - col0, k0, cols);
   return {k0, std::min(cols, (k1 + 1) / 2 * 2)};
 }
@@ -264,7 +265,7 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, co
   ops::fill(t.dv, 0.0f);
 
   const index_t br = plan.query_tile_rows;
-  const auto [lo, hi] = mods.window().positions_seeing(0, seq.q_len, blk.col0, blk.cols);
+  const auto [lo, hi] = rows_visiting(mods.window(), seq.q_len, blk.col0, blk.cols, br);
   for (index_t g = 0; g < p.group_size(); ++g) {                                  // heads, then rows:
     const index_t head = blk.kv_head * p.group_size() + g;                        // dK, dV sum in one
     for (index_t tile = lo / br; tile * br < hi; ++tile) {                        // order for any tiling

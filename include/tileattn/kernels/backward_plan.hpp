@@ -110,7 +110,11 @@ inline BackwardPlan plan_backward_tiles(const BackwardShape& shape, std::size_t 
                            " bytes needed)");
   const index_t wanted = backward_items_per_worker * std::max(workers, 1);
   const index_t streams = std::max<index_t>(shape.kv_streams, 1);
-  while (workers > 1 && bc > backward_min_split_keys && streams * ((nk + bc - 1) / bc) < wanted) bc /= 2;
+  // Split key tiles stay multiples of 32 keys (sum_group_values in backward_work_list.hpp), so
+  // a key's sums group alike for every thread count; a tile the budget made ragged is not split.
+  const bool splittable = bc % 32 == 0 || bc >= nk;
+  while (splittable && workers > 1 && bc > backward_min_split_keys && streams * ((nk + bc - 1) / bc) < wanted)
+    bc = std::max(backward_min_split_keys, bc / 2 / 32 * 32);
   return {br, bc, budget, backward_working_set_bytes(br, bc, d, dv, shape.softcap, shape.operands)};
 }
 

@@ -44,6 +44,24 @@ inline std::pair<index_t, index_t> visited_rows(index_t lo, index_t hi, index_t 
   return {std::max(lo, tile * br), std::min(hi, (tile + 1) * br)};
 }
 
+/// Values a bf16 pair product sums in one rounding group: AMX's tdpbf16ps adds 16 pairs (32
+/// values) of its inner dimension per instruction and does not round as a sequence of fp32
+/// additions would, so a sum gives the same bits however a tiling splits it only when every
+/// split falls on a multiple of this, counted from the same origin.
+inline constexpr index_t sum_group_values = 32;
+
+/// The query rows [lo, hi) a key tile's item visits: the rows that see one of its keys
+/// (KeyWindow::positions_seeing), with lo rounded down to a multiple of min(sum_group_values,
+/// br): the rows of dK += dS^T Q and dV += P^T dO then group alike whatever key tile (and so
+/// whatever thread count) they are visited with. The rows added see none of the tile's keys:
+/// their P and dS are exact zeros. Empty stays empty.
+template <class Window>
+std::pair<index_t, index_t> rows_visiting(const Window& w, index_t q_len, index_t col0, index_t cols, index_t br) {
+  const auto [lo, hi] = w.positions_seeing(0, q_len, col0, cols);
+  const index_t g = std::min(sum_group_values, br);
+  return {lo < hi ? lo / g * g : lo, hi};
+}
+
 /// The items of sequences [seq_begin, seq_end) x K/V heads [kv_begin, kv_end), key tile first.
 class BackwardWorkList {
  public:
@@ -85,7 +103,7 @@ class DqTurns {
       const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
       for (index_t j = plan.key_tiles(seq.k_len) - 1; j >= 0; --j) {  // descending: the first wins
         const index_t col0 = j * plan.key_tile_rows;
-        const auto [lo, hi] = window.positions_seeing(0, seq.q_len, col0, std::min(plan.key_tile_rows, seq.k_len - col0));
+        const auto [lo, hi] = rows_visiting(window, seq.q_len, col0, std::min(plan.key_tile_rows, seq.k_len - col0), br_);
         for (index_t t = lo / br_; t * br_ < hi; ++t) first[static_cast<std::size_t>(base_[b] + t)] = j;
       }
     }
