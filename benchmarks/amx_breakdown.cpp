@@ -132,6 +132,39 @@ int main(int argc, char** argv) {
     }, 50);
     std::printf("  row max on 128 x 512: %.3f ns per score\n", max_sec * 1e9 / (rows * cols));
   }
+  if (const char* sweep = std::getenv("SWEEP"); sweep && *sweep == '1') {
+    // The forward under other SRAM budgets (tile plans) and B packing thresholds.
+    const index_t h = 2, d = 128;
+    std::vector<tileattn::bf16> q(seqlen * h * d), k(q.size()), v(q.size()), o(q.size());
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    for (auto* t : {&q, &k, &v})
+      for (auto& e : *t) e = tileattn::bf16(nd(rng));
+    const auto qv = tileattn::make_bshd<const tileattn::bf16>(q.data(), 1, seqlen, h, d);
+    const auto kv = tileattn::make_bshd<const tileattn::bf16>(k.data(), 1, seqlen, h, d);
+    const auto vv = tileattn::make_bshd<const tileattn::bf16>(v.data(), 1, seqlen, h, d);
+    for (const bool causal : {false, true})
+      for (const std::size_t budget : {std::size_t{0}, std::size_t{1} << 20, std::size_t{512} << 10, std::size_t{256} << 10})
+          for (const index_t pack : {index_t{128}, index_t{1} << 40}) {
+            tileattn::ForwardOptions opts;
+            opts.causal = causal;
+            opts.sram_budget_bytes = budget;
+            opts.execution = {tileattn::Backend::serial, 1};
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+            tileattn::arch::amx::detail::pack_min_rows = pack;
+#endif
+            const tileattn::TilePlan plan = tileattn::plan_forward(qv, kv, vv, opts);
+            const double sec = best_seconds([&] {
+              tileattn::forward(qv, kv, vv, tileattn::make_bshd(o.data(), 1, seqlen, h, d), opts);
+            }, 1, 5);
+            const double scores = static_cast<double>(h) * seqlen * seqlen / (causal ? 2 : 1);
+            std::printf("sweep %s budget %7zu Br %4ld Bc %4ld pack_from %6ld: %6.1f GFLOP/s\n",
+                        causal ? "causal" : "full  ", budget, static_cast<long>(plan.query_tile_rows),
+                        static_cast<long>(plan.key_tile_rows), static_cast<long>(std::min<index_t>(pack, 99999)),
+                        4.0 * d * scores / sec * 1e-9);
+          }
+    return 0;
+  }
   for (const bool causal : {false, true}) {  // the whole forward on one thread
     const index_t h = 2, d = 128;
     std::vector<tileattn::bf16> q(seqlen * h * d), k(q.size()), v(q.size()), o(q.size());
