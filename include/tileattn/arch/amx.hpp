@@ -278,16 +278,22 @@ TILEATTN_AMX_TARGET inline void block(index_t rows, index_t cols, index_t k, con
   if constexpr (NT > 1) c_begin<0, 1>(t01, ldc, accumulate, buf);
   if constexpr (MT > 1) c_begin<1, 0>(t10, ldc, accumulate, buf);
   if constexpr (MT > 1 && NT > 1) c_begin<1, 1>(t11, ldc, accumulate, buf);
+  // Each load is issued right before the first product that needs it, after the products
+  // of the step before that read the same tile register (tiles are not renamed).
   for (index_t p = 0; p < k; p += dim) {
     const index_t kp = k - p < dim ? k - p : dim;
     a_load<0>(a + p, lda, t00.rows, kp, buf);
-    if constexpr (MT > 1) a_load<1>(a + dim * lda + p, lda, t10.rows, kp, buf);
     b_load<0>(b, p, j, kp, t00.cols, buf);
-    if constexpr (NT > 1) b_load<1>(b, p, j + dim, kp, t01.cols, buf);
     tile_dot<0, 0>();
-    if constexpr (NT > 1) tile_dot<0, 1>();
-    if constexpr (MT > 1) tile_dot<1, 0>();
-    if constexpr (MT > 1 && NT > 1) tile_dot<1, 1>();
+    if constexpr (NT > 1) {
+      b_load<1>(b, p, j + dim, kp, t01.cols, buf);
+      tile_dot<0, 1>();
+    }
+    if constexpr (MT > 1) {
+      a_load<1>(a + dim * lda + p, lda, t10.rows, kp, buf);
+      tile_dot<1, 0>();
+      if constexpr (NT > 1) tile_dot<1, 1>();
+    }
   }
   c_end<0, 0>(t00, ldc, buf);
   if constexpr (NT > 1) c_end<0, 1>(t01, ldc, buf);
