@@ -39,6 +39,7 @@
 
 #include <immintrin.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -352,8 +353,8 @@ struct TileSession {
 };
 
 /// Rows of C from which B is packed once per call (each packed tile then serves m / 32 row
-/// panels; fewer rows read B in place).
-inline index_t pack_min_rows = 128;
+/// panels; fewer rows read B in place). Tests and benchmarks change it to compare both paths.
+inline std::atomic<index_t> pack_min_rows{128};
 
 /// Per-thread storage for the packed B, grown to the largest call (depth x n pairs).
 inline std::uint32_t* packed_b_storage(index_t elements) {
@@ -380,7 +381,7 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
                                    index_t ldb, float* c, index_t ldc) {
   [[maybe_unused]] TileSession session;
   EdgeBuffers buf;
-  const bool pack = m >= pack_min_rows;
+  const bool pack = m >= pack_min_rows.load(std::memory_order_relaxed);
   const index_t n_pad = (n + dim - 1) / dim * dim;
   std::uint32_t* packed = pack ? packed_b_storage(transposed_depth * n_pad) : nullptr;
   alignas(64) std::uint32_t panel[TransA ? 2 * dim * transposed_depth : 1];

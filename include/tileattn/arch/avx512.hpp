@@ -42,11 +42,13 @@ namespace tileattn::arch::avx512 {
 
 inline constexpr const char* name = "avx512";
 /// With AVX-512 BF16 (vdpbf16ps), bf16 tiles are multiplied as bf16 pairs into float
-/// accumulators; without it they are converted to float when loaded. Targets with AMX
-/// (Intel Sapphire Rapids and later) keep float tiles: on the 16-core Xeon we measure on,
-/// a vdpbf16ps loop runs at 79 GFLOP/s per core, under half its FMA loop, and the bf16
-/// forward on pairs at 0.55-0.66x the one on float tiles (docs/precision.md); AMX tiles are the
-/// way there (issue #16). -DTILEATTN_BF16_DOT_PRODUCT=0 or 1 overrides the choice.
+/// accumulators; without it they are converted to float when loaded. Where arch/amx.hpp is
+/// compiled (x86-64 Linux), arch::native is arch::amx, whose pairs run on AMX tiles when the
+/// process may use them; this constant is avx512's own choice, for builds without it
+/// (TILEATTN_NO_AMX): targets with AMX keep float tiles, since on the 16-core Xeon we
+/// measure on a vdpbf16ps loop runs at 79 GFLOP/s per core, under half its FMA loop, and
+/// the bf16 forward on pairs at 0.55-0.66x the one on float tiles (docs/precision.md).
+/// -DTILEATTN_BF16_DOT_PRODUCT=0 or 1 overrides the choice.
 #if defined(__AVX512BF16__) && defined(TILEATTN_BF16_DOT_PRODUCT)
 inline constexpr bool bf16_dot_product = TILEATTN_BF16_DOT_PRODUCT != 0;
 #elif defined(__AVX512BF16__) && !defined(__AMX_BF16__)
