@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
   const Shape shapes[] = {
       {1024, 128, 64, false, false, "S = Q K^T, Br 1024, Bc 128, d 128"},
       {1024, 128, 64, false, true, "O += P V, Br 1024, Bc 128, d 128"},
+      {1024, 128, 256, false, true, "O += P V, Br 1024, Bc 512, d 128"},
+      {256, 256, 1024, false, false, "long K: 256 x 256 x 1024 pairs"},
       {128, 512, 64, false, false, "S = Q K^T, Br 128, Bc 512, d 128"},
       {64, 512, 64, false, false, "S = Q K^T, Br 64, Bc 512, d 128"},
       {256, 256, 64, false, false, "S = Q K^T, Br 256, Bc 256, d 128"},
