@@ -470,6 +470,8 @@ TYPED_TEST(MicroKernels, TransposeMatchesTheDefinition) {
 TEST(NativeArch, FollowsTheTargetMacros) {
 #if defined(TILEATTN_ARCH_GENERIC)
   EXPECT_STREQ(native::name, "generic");
+#elif defined(TILEATTN_HAS_AMX_KERNELS)  // AVX-512 BF16 on x86-64 Linux: AMX tiles where usable
+  EXPECT_STREQ(native::name, "avx512+amx");
 #elif defined(__AVX512F__)
   EXPECT_STREQ(native::name, "avx512");
 #elif defined(__AVX2__) && defined(__FMA__)
