@@ -11,22 +11,27 @@
 // The layouts are the ones the kernels already pack for vdpbf16ps, which are AMX's: an A
 // operand row holds pairs along K (16 pairs, 64 bytes, per tile row), a B operand row holds
 // one pair of K rows interleaved for every column (VNNI layout). So tiles load straight
-// from the SRAM tiles with tileloadd at the tile's leading dimension, no repacking.
+// from the SRAM tiles with tileloadd at the tile's leading dimension; when C has
+// pack_min_rows rows or more, B is first copied into whole 16 x 16 tiles (1 KiB each,
+// contiguous), which measured 1.2-1.5x on the forward's shapes.
 //
 // Blocking: C in blocks of 32 x 32 floats, four 16 x 16 accumulator tiles (tmm0-3), fed per
 // step of 16 pairs of K by two A tiles (tmm4-5) and two B tiles (tmm6-7): 4 loads for 4
-// tdpbf16ps. Tiles are always 16 rows x 64 bytes (one configuration, loaded per call and
-// released after, so code between calls, another library's included, may use tiles its own
-// way); a block edge (rows, columns or pairs of K short of 16) goes through a zero-padded
-// 16 x 16 copy, so nothing past the operands is read and nothing past C is written.
-// With TransA (A given as its K x M transpose), each 32-row panel of A is transposed into a
-// buffer first, 256 pairs of K at a time.
+// tdpbf16ps, each load just before the first product that reads it. Tiles are always 16
+// rows x 64 bytes (one configuration, loaded per call and released after, so code between
+// calls, another library's included, may use tiles its own way); a block edge (rows,
+// columns or pairs of K short of 16) goes through a zero-padded 16 x 16 copy, so nothing
+// past the operands is read and nothing past C is written. K is taken 256 pairs at a time;
+// with TransA (A given as its K x M transpose), each 32-row panel of A is transposed into
+// a buffer first.
 //
-// Sums. tdpbf16ps adds each pair's two products to the fp32 accumulator in order, flushing
-// subnormal bf16 inputs and results to zero as vdpbf16ps does; the order within a pair and
-// the rounding differ from vdpbf16ps's, so the two paths agree to fp32 rounding, not bitwise.
-// A process uses one of them for every call (the check is made once), and the block order
-// does not depend on the thread count, so results are bitwise reproducible per machine.
+// Sums. tdpbf16ps multiplies bf16 exactly and sums in fp32, flushing subnormal bf16 inputs
+// and results to zero as vdpbf16ps does, but its rounding points are its own (it matches
+// neither rounding per product, nor per pair, nor per 16 pairs: tests/arch/amx_kernels_test),
+// so the two paths agree to fp32 rounding, not bitwise, and a sum's bits depend on where a
+// tiling splits it. A process uses one path for every call (the check is made once), and
+// the kernels split inner dimensions only on a fixed 32-value grid
+// (kernels::sum_group_values), so results are bitwise reproducible across thread counts.
 #pragma once
 
 #include "tileattn/arch/amx_support.hpp"
