@@ -148,6 +148,15 @@ Errors max_errors(const AttentionWorkload& w, const std::vector<float>& o,
 
 }  // namespace
 
+/// What the bf16 products run on in this process: AMX tiles (checked at run time), vdpbf16ps
+/// bf16 pairs, or float tiles.
+static const char* bf16_tiles() {
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+  if (tileattn::arch::amx::tiles_in_use()) return "AMX pair";
+#endif
+  return tileattn::arch::native::bf16_dot_product ? "vdpbf16ps pair" : "float";
+}
+
 int main(int argc, char** argv) {
   DemoOptions opt;
   try {
@@ -288,7 +297,7 @@ int main(int argc, char** argv) {
               s.causal ? "/2" : "", gflop, opt.repetitions);
   std::printf("bf16: Q, K, V, O in bf16 (%s tiles), accumulation in fp32, %.2fx the fp32 rate; its error is\n"
               "      against the fp32 inputs' reference, so it includes rounding the inputs to bf16 (docs/precision.md)\n",
-              tileattn::arch::native::bf16_dot_product ? "vdpbf16ps pair" : "float", tiled_s / bf16_s);
+              bf16_tiles(), tiled_s / bf16_s);
 
   std::printf("backward: dQ, dK, dV from dO (fp32; docs/backward.md), credited 2.5x the forward's FLOPs: %.2fx the\n"
               "      forward's rate; its accuracy is tested in tests/kernels/backward_test.cpp\n",
