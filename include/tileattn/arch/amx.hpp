@@ -361,7 +361,8 @@ struct TileSession {
 /// panels; fewer rows read B in place). Tests and benchmarks change it to compare both paths.
 inline std::atomic<index_t> pack_min_rows{128};
 
-/// Per-thread storage for the packed B, grown to the largest call (depth x n pairs).
+/// Per-thread storage for the packed B, grown to the largest call's chunk (its pairs of K,
+/// at most transposed_depth, by its columns, both in whole tiles).
 inline std::uint32_t* packed_b_storage(index_t elements) {
   struct Storage {
     std::uint32_t* data = nullptr;
@@ -388,7 +389,8 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
   EdgeBuffers buf;
   const bool pack = m >= pack_min_rows.load(std::memory_order_relaxed);
   const index_t n_pad = (n + dim - 1) / dim * dim;
-  std::uint32_t* packed = pack ? packed_b_storage(transposed_depth * n_pad) : nullptr;
+  const index_t depth_pad = ((k < transposed_depth ? k : transposed_depth) + dim - 1) / dim * dim;
+  std::uint32_t* packed = pack ? packed_b_storage(depth_pad * n_pad) : nullptr;
   alignas(64) std::uint32_t panel[TransA ? 2 * dim * transposed_depth : 1];
   for (index_t p = 0; p < k; p += transposed_depth) {
     const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
