@@ -1,6 +1,6 @@
 // tests/kernels/backward_determinism_test.cpp: the backward's gradients are bitwise identical
 // for every backend (serial, OpenMP, oneTBB), thread count (1, 2, 3, 5) and SRAM budget (so
-// tile sizes), in every storage type, with causal masks, GQA, varlen-like uneven work and
+// tile sizes, odd key tiles among them), in every storage type, with causal masks, GQA, varlen-like uneven work and
 // every extra gradient; and repeated calls agree (the ordered dQ sums leave nothing to timing).
 #include <gtest/gtest.h>
 
@@ -42,6 +42,26 @@ Outputs<T> run(BackwardProblem<T>& p, BackwardOptions opts, std::vector<float>& 
   return out;
 }
 
+/// SRAM budgets to compare: the default, two fixed ones, and the working sets of small tiles
+/// with odd key tiles (3 x 5, 17 x 47, 17 x 96). bf16 pair operands take tiles of multiples
+/// of 32 (or whole sequences), and reject a budget below their smallest tiles.
+template <class T>
+std::vector<std::size_t> budgets(const ProblemShape& s) {
+  constexpr TileOperands ops = kernels::tile_operands_v<kernels::tile_operand_t<T>>;
+  const auto tiles = [&](index_t br, index_t bc) {
+    return backward_working_set_bytes(br, bc, s.head_dim, s.head_dim_v, true, ops);
+  };
+  return {0, 60000, 200000, tiles(3, 5), tiles(17, 47), tiles(17, 96)};
+}
+
+/// Whether the planner may reject `budget` for this problem: only below its smallest tiles.
+template <class T>
+bool may_reject(const ProblemShape& s, std::size_t budget) {
+  constexpr TileOperands ops = kernels::tile_operands_v<kernels::tile_operand_t<T>>;
+  const auto [br, bc] = detail::smallest_backward_tiles(s.seqlen_q, s.seqlen_k, ops);
+  return budget < backward_working_set_bytes(br, bc, s.head_dim, s.head_dim_v, true, ops);
+}
+
 template <class T>
 void check_deterministic(ProblemShape s, bool causal) {
   BackwardProblem<T> p(s, 5);
@@ -57,10 +77,15 @@ void check_deterministic(ProblemShape s, bool causal) {
   const Outputs<T> base = run(p, opts, bias, {Backend::serial, 1}, 0);
   for (Backend b : compiled_backends())
     for (int threads : {1, 2, 3, 5})
-      for (std::size_t budget : {std::size_t{0}, std::size_t{60000}, std::size_t{200000}}) {
+      for (std::size_t budget : budgets<T>(s)) {
         SCOPED_TRACE(std::string(to_string(b)) + " x " + std::to_string(threads) + " threads, budget " +
                      std::to_string(budget));
-        EXPECT_TRUE(run(p, opts, bias, {b, threads}, budget) == base);
+        try {
+          EXPECT_TRUE(run(p, opts, bias, {b, threads}, budget) == base);
+        } catch (const budget_error& e) {
+          EXPECT_TRUE(may_reject<T>(s, budget)) << e.what();
+          EXPECT_EQ(e.parameter(), "sram_budget_bytes");
+        }
       }
   for (int repeat = 0; repeat < 5; ++repeat) EXPECT_TRUE(run(p, opts, bias, {Backend::automatic, 3}, 0) == base);
 }
@@ -68,6 +93,7 @@ void check_deterministic(ProblemShape s, bool causal) {
 TEST(BackwardDeterminism, FloatCausalGqa) { check_deterministic<float>({2, 300, 333, 4, 2, 32, 32}, true); }
 TEST(BackwardDeterminism, FloatOneHeadManyKeyTiles) { check_deterministic<float>({1, 257, 700, 1, 1, 16, 16}, false); }
 TEST(BackwardDeterminism, Bf16Causal) { check_deterministic<bf16>({1, 190, 190, 2, 1, 40, 24}, true); }
+TEST(BackwardDeterminism, Bf16OddKeys) { check_deterministic<bf16>({2, 150, 191, 4, 2, 64, 64}, false); }
 TEST(BackwardDeterminism, Fp16) { check_deterministic<fp16>({2, 100, 120, 2, 2, 16, 16}, false); }
 
 }  // namespace

@@ -58,7 +58,8 @@ TEST(BackwardIo, MatchesTheFormula) {
   for (bool causal : {false, true})
     for (std::size_t budget : {std::size_t{0}, std::size_t{50000}}) {
       check_io<float>({2, 203, 257, 4, 2, 32, 24}, causal, budget);
-      check_io<bf16>({1, 130, 100, 2, 1, 40, 40}, causal, budget);
+      // bf16 pair tiles are multiples of 32 (32 x 32 at least: 55552 bytes at head_dim 40).
+      check_io<bf16>({1, 130, 100, 2, 1, 40, 40}, causal, budget ? budget + 20000 : 0);
       check_io<fp16>({1, 64, 300, 3, 3, 16, 16}, causal, budget);
     }
 }

@@ -234,17 +234,19 @@ TEST(BackwardVarlen, MatchesTheReferencePerSequence) {
 /// The gradients of p after setting q / v / dout elements to special values.
 /// NaN in Q or dO, Inf in V or K at a key no row sees: the gradients' NaN pattern is the
 /// reference's, the rest within the type's bound (each takes a product's sparse-safe path:
-/// dK += dS^T Q, dV += P^T dO, dQ += dS K; in bf16 over pairs).
+/// dK += dS^T Q, dV += P^T dO, dQ += dS K; in bf16 over pairs). With a softcap the slope of
+/// a NaN row's masked scores is NaN too, and must not reach the keys it hides.
 template <class T>
-void check_nonfinite() {
+void check_nonfinite(float softcap = 0.0f) {
   const ProblemShape s{1, 40, 60, 2, 1, 16, 16};
   BackwardOptions opts;
   opts.causal = true;
+  opts.softcap = softcap;
   opts.alignment = MaskAlignment::top_left;  // keys 40.. are seen by no row
   const double tol = std::is_same_v<T, float> ? 2e-5 : 3e-2;
   const char* cases[] = {": NaN in q", ": NaN in dout", ": Inf in v of an unseen key", ": Inf in k of an unseen key"};
   for (int what = 0; what < 4; ++what) {
-    SCOPED_TRACE(std::string(type_name<T>()) + cases[what]);
+    SCOPED_TRACE(std::string(type_name<T>()) + cases[what] + ", softcap " + std::to_string(softcap));
     BackwardProblem<T> p(s, 21);
     if (what == 0) p.qv(0, 13, 1, 5) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
     if (what == 2) p.vv(0, 50, 0, 3) = from_float<T>(std::numeric_limits<float>::infinity());
@@ -269,6 +271,12 @@ TEST(BackwardNonFinite, ANanReachesWhatItsRowSeesAndNothingElse) {
   check_nonfinite<float>();
   check_nonfinite<bf16>();
   check_nonfinite<fp16>();
+}
+
+TEST(BackwardNonFinite, ANanUnderASoftcapReachesWhatItsRowSeesAndNothingElse) {
+  check_nonfinite<float>(30.0f);
+  check_nonfinite<bf16>(30.0f);
+  check_nonfinite<fp16>(30.0f);
 }
 
 TEST(BackwardNonFinite, RowsThatSeeNoKeyGetZeroGradients) {

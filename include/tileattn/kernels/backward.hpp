@@ -221,7 +221,7 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
   ops::matmul(t.ds, t.dout, keys.v_t);                                            // dP
   ops::softmax_grad(t.ds, t.s, t.delta.data());                                   // dS
   if (p.dbias.data) accumulate_bias_grad(p, blk, head, r0, blk.col0 + k0, t.ds, io);
-  if (slope) ops::multiply(t.ds, *slope);                                         // through tanh
+  if (slope) ops::multiply_nonzero(t.ds, *slope);                                 // through tanh
 
   accumulate_tn(keys.dv, ops::as_transposed_operand(t.s, t.p_op), t.dout_as_rows(),  // dV += P^T dO
                 ops::all_finite(t.dout));

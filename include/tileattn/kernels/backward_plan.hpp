@@ -17,12 +17,21 @@
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 
 namespace tileattn {
+
+namespace kernels {
+/// Values a bf16 pair product sums in one rounding group: AMX's tdpbf16ps adds 16 pairs (32
+/// values) of its inner dimension per instruction and does not round as a sequence of fp32
+/// additions would, so a sum gives the same bits however a tiling splits it only when every
+/// split falls on a multiple of this, counted from the same origin.
+inline constexpr index_t sum_group_values = 32;
+}  // namespace kernels
 
 struct BackwardPlan {
   index_t query_tile_rows = 0;  // Br: query rows streamed per step
@@ -84,10 +93,28 @@ inline constexpr index_t backward_max_key_tile = 256;
 inline constexpr index_t backward_query_tile = 64;
 inline constexpr index_t backward_min_split_keys = 32;  // splitting for parallelism stops here
 inline constexpr index_t backward_items_per_worker = 4;
+
+/// The next smaller tile of bf16 pair operands: the largest power of two below n, at least
+/// kernels::sum_group_values. Pair products sum 32 values per rounding group (AMX) or 2 (vdpbf16ps),
+/// so tiles that start on multiples of 32 group every sum alike for every plan.
+constexpr index_t smaller_pair_tile(index_t n) {
+  index_t p = kernels::sum_group_values;
+  while (p * 2 < n) p *= 2;
+  return p;
+}
+
+/// The smallest tiles a plan may take: 1 x 1 for float operands; for bf16 pairs 32 x 32 (or
+/// the whole sequence where it is shorter), so that every budget gives the same bits.
+inline std::pair<index_t, index_t> smallest_backward_tiles(index_t nq, index_t nk, TileOperands operands) {
+  if (operands != TileOperands::bf16_pairs) return {1, 1};
+  return {std::min(nq, kernels::sum_group_values), std::min(nk, kernels::sum_group_values)};
+}
+
 }  // namespace detail
 
 /// Plans the backward tiles of `shape` for `workers` threads under an SRAM budget; throws
-/// budget_error ("sram_budget_bytes") if not even one query row and one key fit.
+/// budget_error ("sram_budget_bytes") if not even the smallest tiles fit (1 x 1; bf16 pairs:
+/// 32 x 32, smallest_backward_tiles).
 inline BackwardPlan plan_backward_tiles(const BackwardShape& shape, std::size_t budget, int workers = 1) {
   using namespace detail;
   const index_t d = shape.head_dim, dv = shape.value_dim();
@@ -95,26 +122,34 @@ inline BackwardPlan plan_backward_tiles(const BackwardShape& shape, std::size_t 
   const auto fits = [&](index_t br, index_t bc) {
     return backward_working_set_bytes(br, bc, d, dv, shape.softcap, shape.operands) <= budget;
   };
+  const auto [min_br, min_bc] = smallest_backward_tiles(nq, nk, shape.operands);
+  const bool pairs = shape.operands == TileOperands::bf16_pairs;
   index_t br = std::min(backward_query_tile, nq);
   index_t bc = std::min(backward_max_key_tile, nk);
-  while (!fits(br, bc)) {  // keys down to 16, then rows, then keys
-    if (bc > 16) bc = (bc + 1) / 2;
+  while (!fits(br, bc)) {  // keys down to 16 (pairs: 32), then rows, then keys
+    if (pairs) {
+      if (bc > min_bc) bc = smaller_pair_tile(bc);
+      else if (br > min_br) br = smaller_pair_tile(br);
+      else break;
+    } else if (bc > 16) bc = (bc + 1) / 2;
     else if (br > 1) br = (br + 1) / 2;
     else if (bc > 1) bc = (bc + 1) / 2;
     else break;
   }
   if (!fits(br, bc))
     throw budget_error("sram_budget_bytes",
-                       std::to_string(budget) + " bytes cannot hold the backward's 1 x 1 tiles at head_dim " +
-                           std::to_string(d) + " (" + std::to_string(backward_working_set_bytes(1, 1, d, dv, shape.softcap, shape.operands)) +
+                       std::to_string(budget) + " bytes cannot hold the backward's smallest tiles (" + std::to_string(min_br) +
+                           " x " + std::to_string(min_bc) + (pairs ? " for bf16 pair operands" : "") + ") at head_dim " +
+                           std::to_string(d) + " (" +
+                           std::to_string(backward_working_set_bytes(min_br, min_bc, d, dv, shape.softcap, shape.operands)) +
                            " bytes needed)");
   const index_t wanted = backward_items_per_worker * std::max(workers, 1);
   const index_t streams = std::max<index_t>(shape.kv_streams, 1);
-  // Split key tiles stay multiples of 32 keys (sum_group_values in backward_work_list.hpp), so
+  // Split key tiles stay multiples of 32 keys (kernels::sum_group_values), so
   // a key's sums group alike for every thread count; a tile the budget made ragged is not split.
-  const bool splittable = bc % 32 == 0 || bc >= nk;
+  const bool splittable = bc % kernels::sum_group_values == 0 || bc >= nk;
   while (splittable && workers > 1 && bc > backward_min_split_keys && streams * ((nk + bc - 1) / bc) < wanted)
-    bc = std::max(backward_min_split_keys, bc / 2 / 32 * 32);
+    bc = std::max(backward_min_split_keys, bc / 2 / kernels::sum_group_values * kernels::sum_group_values);
   return {br, bc, budget, backward_working_set_bytes(br, bc, d, dv, shape.softcap, shape.operands)};
 }
 

@@ -44,12 +44,6 @@ inline std::pair<index_t, index_t> visited_rows(index_t lo, index_t hi, index_t 
   return {std::max(lo, tile * br), std::min(hi, (tile + 1) * br)};
 }
 
-/// Values a bf16 pair product sums in one rounding group: AMX's tdpbf16ps adds 16 pairs (32
-/// values) of its inner dimension per instruction and does not round as a sequence of fp32
-/// additions would, so a sum gives the same bits however a tiling splits it only when every
-/// split falls on a multiple of this, counted from the same origin.
-inline constexpr index_t sum_group_values = 32;
-
 /// The query rows [lo, hi) a key tile's item visits: the rows that see one of its keys
 /// (KeyWindow::positions_seeing), with lo rounded down to a multiple of min(sum_group_values,
 /// br): the rows of dK += dS^T Q and dV += P^T dO then group alike whatever key tile (and so

@@ -72,13 +72,16 @@ void softmax_grad(ScoreTile& ds, const ScoreTile& p, const float* d) {
   }
 }
 
-/// a := a * b elementwise (dS times the softcap's slope).
+/// a := a * b elementwise where a != 0 (dS times the softcap's slope). An exact zero stays
+/// zero whatever b holds: a masked key's dS is 0, and its slope, computed from the raw
+/// score, is NaN on a row whose Q holds a NaN (0 * NaN would reach the hidden key's dK).
+/// A nonzero dS times a NaN slope only occurs where dS is NaN already (the row saw a NaN).
 template <class ScoreTile>
-void multiply(ScoreTile& a, const ScoreTile& b) {
+void multiply_nonzero(ScoreTile& a, const ScoreTile& b) {
   for (index_t r = 0; r < a.rows(); ++r) {
     float* x = a.row(r);
     const float* y = b.row(r);
-    for (index_t j = 0; j < a.cols(); ++j) x[j] *= y[j];
+    for (index_t j = 0; j < a.cols(); ++j) x[j] = x[j] == 0.0f ? 0.0f : x[j] * y[j];
   }
 }
 
