@@ -524,7 +524,7 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
   const auto state = [&](index_t c) {
     const index_t first = m.partial + (c * p.heads() + head) * seq.q_len;
     const MatrixView<float> o = accum_matrix(p, first, seq.q_len);
-    return PartialState<float>{{o.data, o.rows, o.cols, o.row_stride, 1}, p.lse_accum + first, 1};
+    return PartialState<float, LseRows>{{o.data, o.rows, o.cols, o.row_stride, 1}, {p.lse_accum + first, 1}};
   };
   float* lse = p.lse.data ? &p.lse(seq.view_batch, head, seq.q_start) : nullptr;
   merge_rows(m.chunks, state, sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), lse,
