@@ -1,12 +1,13 @@
 // tileattn/kernels/merge.hpp: merging partial attention states row block by row block, for
 // split-KV (kernels/forward.hpp) and the public merge_states (merge_states.hpp).
 //
-// A state is a [rows, head_dim_v] matrix O_c in main memory with per-row statistics, given
-// as natural-log LSEs (LseRows) and loaded as the RowStats of ops/merge_states.hpp (the
-// running max and sum of the online softmax). The merge loads each state's block of rows
-// through tile IO (counted), folds it into an accumulator with ops::merge_state_step in a
-// fixed order, finishes with ops::finalize_rows (the forward's own normalization, which
-// adds a sink once) and stores O (rounded once to its type) and LSE.
+// A state is a [rows, head_dim_v] matrix O_c in main memory with per-row statistics: the
+// max score and sum that split-KV stores (MaxSumRows), or the natural-log LSE a user gives
+// (LseRows), both loaded as the same RowStats (ops/merge_states.hpp). The merge loads
+// each state's block of rows through tile IO (counted), folds it into an accumulator with
+// ops::merge_state_step in a fixed order, finishes with ops::finalize_rows (the forward's
+// own normalization, which adds a sink once) and stores O (rounded once to its type) and
+// LSE.
 #pragma once
 
 #include <algorithm>
@@ -19,8 +20,20 @@
 
 namespace tileattn::kernels {
 
-/// A state's row statistics as natural-log LSEs, `stride` apart (merge_states' and, for now,
-/// split-KV's).
+/// A state's row statistics as split-KV stores them: each row's max score (log2 units, the
+/// shift its chunk's online softmax used) and sum of 2^(score - max), one float each.
+struct MaxSumRows {
+  const float* max;
+  const float* sum;
+
+  template <class Io>
+  void load(ops::RowStats& into, index_t first, index_t count, Io& io) const {
+    load_vector(into.max.data(), max + first, 1, count, io);
+    load_vector(into.sum.data(), sum + first, 1, count, io);
+  }
+};
+
+/// A state's row statistics as merge_states takes them: natural-log LSEs, `stride` apart.
 struct LseRows {
   const float* lse;
   index_t stride;
@@ -32,7 +45,7 @@ struct LseRows {
   }
 };
 
-/// One partial state's rows in main memory: O and its row statistics (LseRows).
+/// One partial state's rows in main memory: O and its row statistics (MaxSumRows or LseRows).
 template <class S, class Stats>
 struct PartialState {
   MatrixView<const S> o;

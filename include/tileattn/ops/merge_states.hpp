@@ -9,9 +9,14 @@
 // statistics and an accumulator, so ops::finalize_rows finishes the merge (and adds an
 // attention sink once).
 //
-// merge_states takes the user's natural-log LSE_c, which is the state (LSE_c log2(e), 1)
-// (lse_as_row_stats). A state with m_c = -inf saw no key and adds nothing, unless l_c is
-// NaN (a chunk whose only visible scores were NaN); a NaN m_c or l_c makes the row NaN.
+// Two sources give states. Split-KV stores m_c and l_c apart, exactly as its chunk's online
+// softmax left them, so a split row is the unsplit one within rounding at every score
+// magnitude. (One float LSE = (m_c + log2 l_c) ln 2 per row would not do: its rounding,
+// about |m_c| 2^-24, becomes the chunk's relative weight error, 0.4% at scores of 1e5, and
+// at 1e30 log2 l_c is lost whole.) merge_states takes the user's natural-log LSE_c, which
+// is the state (LSE_c log2(e), 1) (lse_as_row_stats). A state with m_c = -inf saw no key
+// and adds nothing, unless l_c is NaN (a chunk whose only visible scores were NaN); a NaN
+// m_c or l_c makes the row NaN.
 #pragma once
 
 #include <cmath>
