@@ -62,7 +62,7 @@ void merge_states(std::span<const TensorView<const T>> os, std::span<const Strid
     const auto state = [&](index_t c) {
       const auto& oc = os[static_cast<std::size_t>(c)];
       const auto& lc = lses[static_cast<std::size_t>(c)];
-      return kernels::PartialState<T>{head_matrix(oc, b, h), &lc(b, h, 0), lc.stride[2]};
+      return kernels::PartialState<T, kernels::LseRows>{head_matrix(oc, b, h), {&lc(b, h, 0), lc.stride[2]}};
     };
     NoIoCounting io;
     kernels::merge_rows(static_cast<index_t>(os.size()), state, head_matrix(o, b, h), lse.data ? &lse(b, h, 0) : nullptr,

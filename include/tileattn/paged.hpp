@@ -84,7 +84,7 @@ class PagedPlan {
   /// Keys per split-KV chunk (0: no split).
   index_t keys_per_split() const { return split_.keys_per_split; }
   index_t work_items() const { return work_.size(); }
-  /// The partial-state rows split-KV writes (each head_dim_v + 1 floats).
+  /// The partial-state rows split-KV writes (each head_dim_v + 2 floats: O, max and sum).
   index_t partial_rows() const { return work_.partial_rows(); }
 
   struct Signature {  // everything the work list depends on
@@ -160,9 +160,10 @@ template <class T, class KV>
 void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options) {
   TILEATTN_REQUIRE(plan.signature() == paged_signature(p, options), "plan",
           "was made for another batch shape, cache_seqlens, mask or options");
-  std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 1)));
+  std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 2)));
   p.o_accum = accum.data();
-  p.lse_accum = accum.data() + plan.partial_rows() * p.head_dim_v();
+  p.max_accum = p.o_accum + plan.partial_rows() * p.head_dim_v();
+  p.sum_accum = p.max_accum + plan.partial_rows();
   const auto& work = plan.work();
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo, kernels::PagedKv>(p, plan.tiles(), work, options.execution);

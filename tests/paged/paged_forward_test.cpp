@@ -3,7 +3,8 @@
 // shuffled, non-contiguous block tables with poisoned unused pages; page sizes that split
 // key tiles; GQA/MQA; every score option; batches of very different lengths; split-KV
 // against unsplit and against the contiguous forward (bitwise when unsplit); determinism
-// across backends and thread counts; the plan/run split; exact IO counts.
+// across backends and thread counts; the plan/run split; exact IO counts, split-KV's
+// partial states included.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -184,6 +185,37 @@ TEST(PagedForward, CountsEachPageOncePerGroupOfQueryHeads) {
   const std::uint64_t q = static_cast<std::uint64_t>(batch.q.size()) * sizeof(float);
   EXPECT_EQ(io.bytes_read, kv + q);
   EXPECT_EQ(io.bytes_written, (batch.o.size() + batch.lse.size()) * sizeof(float));
+}
+
+TEST(PagedForward, CountsSplitKvPartialStatesExactly) {
+  // Each chunk's item reads its sequence's Q and writes a partial state: per query row,
+  // head_dim_v floats of O and its max and sum (no LSE); the merge reads every state back
+  // and writes O and the LSE once. Sequence 1 is too short to split.
+  PagedShape s{{1000, 37, 2600}, 2, 8, 2, 64, 32, 16};
+  PagedBatch<float> batch(s, 4);
+  IoCounts io;
+  PagedOptions opt;
+  opt.num_splits = 3;
+  opt.io_counts = &io;
+  const PagedPlan plan = plan_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
+                                    batch.seqlens, batch.o_view(), batch.lse_view(), opt);
+  const auto per_chunk = static_cast<std::uint64_t>(plan.keys_per_split());
+  ASSERT_GT(per_chunk, 0u);
+  batch.run(opt);
+  const std::uint64_t rows = static_cast<std::uint64_t>(s.q_len * s.heads_q), f = sizeof(float);
+  const std::uint64_t q = rows * s.head_dim * f, o = rows * s.dv() * f, lse = rows * f;
+  const std::uint64_t state = rows * (s.dv() + 2) * f;  // O, max and sum of each row
+  std::uint64_t read = 0, written = 0;
+  for (index_t len : s.k_lens) {
+    const auto keys = static_cast<std::uint64_t>(len);
+    const std::uint64_t chunks = keys > per_chunk ? (keys + per_chunk - 1) / per_chunk : 1;
+    ASSERT_EQ(chunks > 1, len != 37);
+    const std::uint64_t states = chunks > 1 ? chunks * state : 0;
+    read += chunks * q + keys * s.heads_kv * (s.head_dim + s.dv()) * f + states;
+    written += states + o + lse;
+  }
+  EXPECT_EQ(io.bytes_read, read);
+  EXPECT_EQ(io.bytes_written, written);
 }
 
 TEST(PagedForward, NonFiniteKeysAndValuesAsTheReferenceSaysInPlaceAndPacked) {

@@ -141,9 +141,11 @@ struct ForwardParams : ScoreOptions {
   // pages block_table[b, 0], block_table[b, 1], ... in order.
   StridedView<const std::int32_t, 2> block_table{};
   const std::int32_t* cache_seqlens = nullptr;
-  // Split-KV partial states (kernels/work_list.hpp): rows of head_dim_v floats and their LSE.
+  // Split-KV partial states (kernels/work_list.hpp): rows of head_dim_v floats, and each
+  // row's max score (log2 units) and sum of 2^(score - max), kept apart (ops/merge_states.hpp).
   float* o_accum = nullptr;
-  float* lse_accum = nullptr;
+  float* max_accum = nullptr;
+  float* sum_accum = nullptr;
   // 8-bit K/V: scales [batch or num_pages, heads_kv] with broadcast extents as stride 0
   // (KvScaleView); data == nullptr: 1.
   KvScaleView k_scale{}, v_scale{};

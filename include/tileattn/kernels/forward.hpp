@@ -500,17 +500,20 @@ MatrixView<float> accum_matrix(const ForwardParams<T, KV>& p, index_t first, ind
   return {p.o_accum + first * p.head_dim_v(), q_len, p.head_dim_v(), p.head_dim_v(), 1};
 }
 
-/// One key chunk's partial state: O normalized over the chunk and the chunk's LSE, no
-/// sink (the merge adds it once), to o_accum / lse_accum.
+/// One key chunk's partial state, no sink (the merge adds it once): O normalized over the
+/// chunk to o_accum, and each row's max and sum as the online softmax left them (no LSE,
+/// whose float would round the sum away at large scores) to max_accum / sum_accum.
 template <class T, class KV, class Tiles, class Io>
 void store_partial_state(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   const ops::PackedRows& rows = blk.rows;
   for (index_t g = 0; g < rows.heads; ++g) {
     const index_t r0 = g * rows.positions, first = blk.partial + (rows.head0 + g) * blk.range.q_len;
     Tile<float> o_head = t.o.slice_rows(r0, rows.positions);
-    ops::finalize_rows(o_head, t.stats.slice(r0, rows.positions), t.lse.data() + r0);
+    const ops::RowStats stats = t.stats.slice(r0, rows.positions);
+    ops::normalize_rows(o_head, stats);
     store_rows(accum_matrix(p, first, blk.range.q_len), rows.position0, o_head, io);
-    store_vector(p.lse_accum + first + rows.position0, 1, t.lse.data() + r0, rows.positions, io);
+    store_vector(p.max_accum + first + rows.position0, 1, stats.max.data(), rows.positions, io);
+    store_vector(p.sum_accum + first + rows.position0, 1, stats.sum.data(), rows.positions, io);
   }
 }
 
@@ -524,7 +527,8 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
   const auto state = [&](index_t c) {
     const index_t first = m.partial + (c * p.heads() + head) * seq.q_len;
     const MatrixView<float> o = accum_matrix(p, first, seq.q_len);
-    return PartialState<float>{{o.data, o.rows, o.cols, o.row_stride, 1}, p.lse_accum + first, 1};
+    return PartialState<float, MaxSumRows>{{o.data, o.rows, o.cols, o.row_stride, 1},
+                                           {p.max_accum + first, p.sum_accum + first}};
   };
   float* lse = p.lse.data ? &p.lse(seq.view_batch, head, seq.q_start) : nullptr;
   merge_rows(m.chunks, state, sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), lse,

@@ -1,11 +1,13 @@
 // tileattn/kernels/merge.hpp: merging partial attention states row block by row block, for
-// split-KV (kernels/forward.hpp) and the public merge_states (paged.hpp).
+// split-KV (kernels/forward.hpp) and the public merge_states (merge_states.hpp).
 //
-// A state is a [rows, head_dim_v] matrix O_c in main memory with its per-row LSE_c. The
-// merge loads each state's block of rows through tile IO (counted), folds it into an
-// accumulator with ops::merge_state_step in a fixed order, finishes with
-// ops::finalize_rows (the forward's own normalization, which adds a sink once) and
-// stores O (rounded once to its type) and LSE.
+// A state is a [rows, head_dim_v] matrix O_c in main memory with per-row statistics: the
+// max score and sum that split-KV stores (MaxSumRows), or the natural-log LSE a user gives
+// (LseRows), both loaded as the same RowStats (ops/merge_states.hpp). The merge loads
+// each state's block of rows through tile IO (counted), folds it into an accumulator with
+// ops::merge_state_step in a fixed order, finishes with ops::finalize_rows (the forward's
+// own normalization, which adds a sink once) and stores O (rounded once to its type) and
+// LSE.
 #pragma once
 
 #include <algorithm>
@@ -18,27 +20,53 @@
 
 namespace tileattn::kernels {
 
-/// One partial state's rows in main memory.
-template <class S>
-struct PartialState {
-  MatrixView<const S> o;
-  const float* lse;
-  index_t lse_stride;
+/// A state's row statistics as split-KV stores them: each row's max score (log2 units, the
+/// shift its chunk's online softmax used) and sum of 2^(score - max), one float each.
+struct MaxSumRows {
+  const float* max;
+  const float* sum;
+
+  template <class Io>
+  void load(ops::RowStats& into, index_t first, index_t count, Io& io) const {
+    load_vector(into.max.data(), max + first, 1, count, io);
+    load_vector(into.sum.data(), sum + first, 1, count, io);
+  }
 };
 
-/// What one merge keeps in SRAM: a block of rows of the accumulator and of one state.
+/// A state's row statistics as merge_states takes them: natural-log LSEs, `stride` apart.
+struct LseRows {
+  const float* lse;
+  index_t stride;
+
+  template <class Io>
+  void load(ops::RowStats& into, index_t first, index_t count, Io& io) const {
+    load_vector(into.max.data(), lse + first * stride, stride, count, io);
+    ops::lse_as_row_stats(into, count);
+  }
+};
+
+/// One partial state's rows in main memory: O and its row statistics (MaxSumRows or LseRows).
+template <class S, class Stats>
+struct PartialState {
+  MatrixView<const S> o;
+  Stats stats;
+};
+
+/// What one merge keeps in SRAM: a block of rows of the accumulator and of one state, the
+/// running statistics and the state's, and the LSE out.
 struct MergeTiles {
   Tile<float> acc, state;
-  ops::RowStats stats;
+  ops::RowStats stats, state_stats;
   TileVector<float> lse;
 
   static constexpr std::size_t footprint(index_t rows, index_t dv) {
-    return 2 * Tile<float>::footprint(rows, dv) + ops::RowStats::footprint(rows) +
+    return 2 * Tile<float>::footprint(rows, dv) + 2 * ops::RowStats::footprint(rows) +
            TileVector<float>::footprint(rows);
   }
   static MergeTiles carve(ScratchArena& arena, index_t rows, index_t dv) {
     return {Tile<float>::carve(arena, rows, dv), Tile<float>::carve(arena, rows, dv),
-            ops::RowStats::carve(arena, rows), TileVector<float>::carve(arena, rows)};
+            ops::RowStats::carve(arena, rows), ops::RowStats::carve(arena, rows),
+            TileVector<float>::carve(arena, rows)};
   }
 };
 
@@ -63,8 +91,8 @@ void merge_rows(index_t count, StateAt&& state_at, const MatrixView<D>& out, flo
     for (index_t c = 0; c < count; ++c) {
       const auto state = state_at(c);
       load_rows(t.state, state.o, i0, n, io);
-      load_vector(t.lse.data(), state.lse + i0 * state.lse_stride, state.lse_stride, n, io);
-      ops::merge_state_step(t.acc, t.stats, t.state, t.lse.data());
+      state.stats.load(t.state_stats, i0, n, io);
+      ops::merge_state_step(t.acc, t.stats, t.state, t.state_stats);
     }
     ops::finalize_rows(t.acc, t.stats, t.lse.data(), sink_log2);
     store_rows(out, i0, t.acc, io);

@@ -9,11 +9,11 @@
 //
 // Split-KV. When a KeySplit is given, a sequence with few query rows and more keys than one
 // chunk has its keys cut at multiples of keys_per_split; each chunk's item writes a partial
-// state (O normalized over the chunk, and the chunk's LSE) to the params' o_accum/lse_accum,
-// and a Merge item per (sequence, query head) combines them in chunk order afterwards
-// (ops/merge_states.hpp). The chunking depends only on the shapes, never on the thread
-// count, so every thread count gives the same bits. The list holds one entry per
-// (sequence, query tile, key chunk): O(N / Br) memory.
+// state (O normalized over the chunk, and each row's max score and sum, kept apart) to the
+// params' o_accum / max_accum / sum_accum, and a Merge item per (sequence, query head)
+// combines them in chunk order afterwards (ops/merge_states.hpp). The chunking depends
+// only on the shapes, never on the thread count, so every thread count gives the same
+// bits. The list holds one entry per (sequence, query tile, key chunk): O(N / Br) memory.
 //
 // K/V heads per item. When every sequence reads K and V in place (decoding, short verify
 // steps), an item may take kv_heads consecutive K/V heads: it then reads each key's rows of
@@ -94,7 +94,8 @@ class ForwardWorkList {
             kv_heads_per_item_};
   }
 
-  /// The split sequences' merges, and the o_accum / lse_accum rows their states take.
+  /// The split sequences' merges, and the partial-state rows (o_accum rows, max_accum and
+  /// sum_accum entries) their states take.
   const std::vector<Merge>& merges() const { return merges_; }
   index_t partial_rows() const { return partial_rows_; }
 

@@ -1,13 +1,22 @@
 // tileattn/ops/merge_states.hpp: combining partial attention results over disjoint key sets.
 //
-// A partial state is (O_c, LSE_c): a softmax-weighted average over one set of keys and the
-// log of its softmax denominator. Over the union of the sets, LSE = log(sum_c e^LSE_c) and
-// O = sum_c e^(LSE_c - LSE) O_c: exact, as the online softmax is (it is the online softmax
-// with one "score" LSE_c and one "value row" O_c per state). merge_state_step folds one
-// state's rows into running statistics and an accumulator, in the online softmax's own
-// units (log2, ops/online_softmax.hpp), so ops::finalize_rows finishes the merge (and adds
-// an attention sink once). A state with LSE -inf saw no key and adds nothing; a NaN LSE
-// makes the row NaN.
+// A partial state is O_c, a softmax-weighted average over one set of keys, with the row
+// statistics of its softmax (RowStats): the max m_c of its scores and the sum l_c of
+// 2^(score - m_c), in log2 units (ops/online_softmax.hpp). Over the union of the sets,
+// m = max_c m_c, l = sum_c l_c 2^(m_c - m) and O = sum_c l_c 2^(m_c - m) O_c / l: exact, as
+// the online softmax is (it is the online softmax with one "score" m_c of multiplicity l_c
+// and one "value row" O_c per state). merge_state_step folds one state's rows into running
+// statistics and an accumulator, so ops::finalize_rows finishes the merge (and adds an
+// attention sink once).
+//
+// Two sources give states. Split-KV stores m_c and l_c apart, exactly as its chunk's online
+// softmax left them, so a split row is the unsplit one within rounding at every score
+// magnitude. (One float LSE = (m_c + log2 l_c) ln 2 per row would not do: its rounding,
+// about |m_c| 2^-24, becomes the chunk's relative weight error, 0.4% at scores of 1e5, and
+// at 1e30 log2 l_c is lost whole.) merge_states takes the user's natural-log LSE_c, which
+// is the state (LSE_c log2(e), 1) (lse_as_row_stats). A state with m_c = -inf saw no key
+// and adds nothing, unless l_c is NaN (a chunk whose only visible scores were NaN); a NaN
+// m_c or l_c makes the row NaN.
 #pragma once
 
 #include <cmath>
@@ -19,18 +28,26 @@
 
 namespace tileattn::ops {
 
-/// acc, stats += the state (o_c, lse_c) for each row: lse_c is natural-log, acc holds
-/// sum 2^(lse_c log2(e) - max) O_c, stats the running max and sum in log2 units.
-template <class AccTile, class StateTile>
-void merge_state_step(AccTile& acc, RowStats& stats, const StateTile& o_c, const float* lse_c) {
+/// Rows whose stats.max holds natural-log LSEs become the states (LSE log2(e), 1).
+inline void lse_as_row_stats(RowStats& stats, index_t rows) {
   constexpr float log2e = std::numbers::log2e_v<float>;
+  for (index_t r = 0; r < rows; ++r) {
+    stats.max[r] *= log2e;
+    stats.sum[r] = 1.0f;
+  }
+}
+
+/// acc, stats += the state (o_c, state) for each row: acc holds sum_c l_c 2^(m_c - max) O_c,
+/// stats the running max and sum in log2 units.
+template <class AccTile, class StateTile>
+void merge_state_step(AccTile& acc, RowStats& stats, const StateTile& o_c, const RowStats& state) {
   for (index_t r = 0; r < acc.rows(); ++r) {
-    const float l = lse_c[r] * log2e;
-    if (l == negative_infinity) continue;
+    const float m_c = state.max[r], l_c = state.sum[r];
+    if (m_c == negative_infinity && !std::isnan(l_c)) continue;  // saw no key
     const float m = stats.max[r];
-    const float m_new = std::isnan(l) ? l : std::max(m, l);  // std::max keeps a NaN max
+    const float m_new = std::isnan(m_c) ? m_c : std::max(m, m_c);  // std::max keeps a NaN max
     const float rescale = m == negative_infinity ? 0.0f : arch::native::exp2(m - m_new);
-    const float weight = arch::native::exp2(l - m_new);
+    const float weight = l_c * arch::native::exp2(m_c - m_new);
     float* a = acc.row(r);
     const float* o = o_c.row(r);
     for (index_t c = 0; c < acc.cols(); ++c) a[c] = a[c] * rescale + weight * o[c];

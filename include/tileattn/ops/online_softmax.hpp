@@ -181,6 +181,16 @@ void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& 
   }
 }
 
+/// o /= sum alone: a split-KV chunk's partial O, stored beside its max and sum (the merge
+/// weighs it by them). Rows that saw no unmasked key get o = 0; rows that saw a NaN get NaN.
+template <class AccTile>
+void normalize_rows(AccTile& o, const RowStats& stats) {
+  for (index_t i = 0; i < o.rows(); ++i) {
+    if (stats.sum[i] == 0.0f) std::fill_n(o.row(i), o.cols(), 0.0f);
+    else arch::native::scale(o.row(i), o.cols(), 1.0f / stats.sum[i]);
+  }
+}
+
 /// Deferred normalization: o /= sum, and lse = ln(sum) + max in natural-log units. A sink
 /// (a logit in log2 units that joins the denominator without a value; -inf: none) may be given. Rows
 /// that saw no unmasked key get o = 0 and lse = -inf (or the sink's logit); rows that saw
