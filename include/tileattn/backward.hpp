@@ -15,6 +15,8 @@
 #pragma once
 
 #include <array>
+#include <cmath>
+#include <vector>
 #include <type_traits>
 
 #include "tileattn/detail/backward_checks.hpp"
@@ -93,11 +95,67 @@ BackwardParams<T> checked_backward_params(TensorView<const T> q, TensorView<cons
   return p;
 }
 
+/// |LSE| from which the backward recomputes P from the forward's row statistics rather than
+/// from the saved float LSE. P's relative error from the LSE's rounding is about
+/// |LSE| 2^-23 (the rounding and its conversion to log2 units): 3e-5 here, well inside
+/// FlashAttention's rule (3 x a naive float backward + 2e-4), and 1e-3 at |LSE| 1e4, where
+/// tests/kernels/backward_test.cpp (BackwardLargeScores) measured the rule broken 12 to
+/// 14000x on integer inputs.
+inline constexpr float exact_row_stats_lse = 256.0f;
+
+/// Whether some row's saved LSE is finite and at least exact_row_stats_lse in magnitude.
+template <class T>
+bool needs_row_stats(const BackwardParams<T>& p) {
+  for (index_t b = 0; b < p.batch(); ++b) {
+    const SequenceRange seq = p.sequence(b);
+    for (index_t h = 0; h < p.heads(); ++h)
+      for (index_t i = 0; i < seq.q_len; ++i) {
+        const float lse = p.saved_lse(seq.view_batch, h, seq.q_start + i);
+        if (std::isfinite(lse) && std::abs(lse) >= exact_row_stats_lse) return true;
+      }
+  }
+  return false;
+}
+
+/// The forward's final row statistics of every row, recomputed by running the forward again
+/// (its O into a scratch buffer): what the backward needs where the saved LSE is too coarse.
+/// It costs a forward (about 40% of a backward), only on calls with such rows.
+struct RecomputedRowStats {
+  std::vector<float> max, sum;
+  IoCounts io;
+  kernels::SavedRowStats view() const {
+    return {{max.data(), shape, stride}, {sum.data(), shape, stride}};
+  }
+  std::array<index_t, 3> shape{}, stride{};
+};
+
+template <class T, class Scores>
+RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
+                                       const BackwardOptions& options, const Scores& scores) {
+  const index_t batch = p.q.shape[dim::batch], seqlen = p.q.shape[dim::seqlen], heads = p.heads();
+  const auto rows = static_cast<std::size_t>(batch * heads * seqlen);
+  RecomputedRowStats r{std::vector<float>(rows), std::vector<float>(rows), {}, {batch, heads, seqlen},
+                       {heads * seqlen, seqlen, 1}};
+  std::vector<T> o(rows * static_cast<std::size_t>(p.head_dim_v()));
+  ForwardParams<T> f = p;
+  f.o = make_bshd(o.data(), batch, seqlen, heads, p.head_dim_v());
+  f.lse = {};
+  f.row_max = {r.max.data(), r.shape, r.stride};
+  f.row_sum = {r.sum.data(), r.shape, r.stride};
+  ForwardOptions fo = options;
+  fo.io_counts = options.io_counts ? &r.io : nullptr;
+  run(f, max_seqlen_q, max_seqlen_k, fo, scores);
+  return r;
+}
+
 /// The checks both entry points share once the params are built, then the run with the
-/// score modifiers of `scores` (ops::BuiltinScores, or flex.hpp's).
+/// score modifiers of `scores` (ops::BuiltinScores, or flex.hpp's). Where a saved LSE is
+/// large (needs_row_stats) and covers just these keys, P comes from the forward's row
+/// statistics, recomputed; ring attention's per-step calls, whose LSE covers keys on other
+/// ranks too, pass lse_of_these_keys = false and keep the saved LSE.
 template <class T, class Scores>
 void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
-                            const BackwardOptions& options, const Scores& scores) {
+                            const BackwardOptions& options, const Scores& scores, bool lse_of_these_keys = true) {
   check_backward_params(p, max_seqlen_q, max_seqlen_k, options);
   scores.check(p, max_seqlen_q, max_seqlen_k);
   const BackwardPlan plan =
@@ -109,28 +167,34 @@ void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, in
         for (index_t i = 0; i < g.shape[2]; ++i)
           for (index_t j = 0; j < g.shape[3]; ++j) g(b, h, i, j) = 0.0f;
   }
+  RecomputedRowStats stats;
+  if (lse_of_these_keys && needs_row_stats(p)) stats = recompute_row_stats(p, max_seqlen_q, max_seqlen_k, options, scores);
+  const kernels::SavedRowStats saved = stats.max.empty() ? kernels::SavedRowStats{} : stats.view();
   if (options.io_counts) {
-    *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution, scores);
+    *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution, scores, saved);
+    *options.io_counts += stats.io;
   } else {
-    kernels::run_backward<NoIoCounting>(p, plan, options.execution, scores);
+    kernels::run_backward<NoIoCounting>(p, plan, options.execution, scores, saved);
   }
 }
 
 template <class T, class Scores>
 void backward_scored(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
                      SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
-                     TensorView<T> dv, const BackwardOptions& options, const Scores& scores) {
+                     TensorView<T> dv, const BackwardOptions& options, const Scores& scores,
+                     bool lse_of_these_keys = true) {
   check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
   check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
-  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores);
+  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores, lse_of_these_keys);
 }
 
+/// backward() with its types resolved; lse_of_these_keys as check_and_run_backward's.
 template <class T>
 void backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
               SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-              const BackwardOptions& options) {
-  backward_scored(q, k, v, o, lse, dout, dq, dk, dv, options, ops::BuiltinScores{});
+              const BackwardOptions& options, bool lse_of_these_keys) {
+  backward_scored(q, k, v, o, lse, dout, dq, dk, dv, options, ops::BuiltinScores{}, lse_of_these_keys);
 }
 
 template <class T, class Scores>
@@ -177,7 +241,7 @@ void backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V
               SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq, const TensorView<DK>& dk,
               const TensorView<DV>& dv, const BackwardOptions& options = {}) {
   detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options);
+  detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true);
 }
 
 /// backward() over packed variable-length batches (FlashAttention's varlen backward):
@@ -200,7 +264,7 @@ void backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packe
       tileattn::TensorView<const T>, tileattn::TensorView<const T>, tileattn::TensorView<const T>,     \
       tileattn::TensorView<const T>, tileattn::SavedLseView, tileattn::TensorView<const T>,            \
       tileattn::TensorView<T>, tileattn::TensorView<T>, tileattn::TensorView<T>,                       \
-      const tileattn::BackwardOptions&);                                                               \
+      const tileattn::BackwardOptions&, bool);                                                         \
   KEYWORD template void tileattn::detail::backward_varlen<T>(                                          \
       tileattn::PackedView<const T>, tileattn::PackedView<const T>, tileattn::PackedView<const T>,     \
       tileattn::PackedView<const T>, tileattn::SavedPackedLseView, tileattn::PackedView<const T>,      \

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <random>
 #include <limits>
 #include <tuple>
 #include <string>
@@ -185,6 +186,78 @@ TEST(BackwardSmallBudget, ManyTilesGiveTheSameAccuracy) {
   check_case<float>({"small budget", {1, 130, 170, 2, 1, 32, 32},
                      [](auto& o, auto&, auto&) { o.causal = true; o.sram_budget_bytes = 40000; }},
                     Layout::bshd, 13);
+}
+
+/// Near-one-hot rows at scores up to `magnitude`: integer Q and K in [-16, 16] (exact in every
+/// storage type, and so are their dot products in float) times a softmax scale that takes the
+/// largest score to `magnitude`. Scores then differ by multiples of the scale, so most rows
+/// put almost all their weight on one key and a little on a few, and a naive float backward,
+/// whose scores are exact, is accurate to a few ulps: FlashAttention's rule (3 x its error +
+/// 2e-4) leaves the kernel no room for a P recomputed from a float LSE (whose rounding,
+/// |LSE| 2^-24, is P's relative error: 12 to 14000 x the naive's here before the backward
+/// recomputed the forward's row statistics for such rows). With a sink and a softcap too.
+template <class T>
+void check_large_scores(double magnitude, bool sink_and_softcap, std::uint64_t seed) {
+  SCOPED_TRACE("scores near " + std::to_string(magnitude) + " in " + std::string(type_name<T>()) +
+               (sink_and_softcap ? " with a sink and a softcap" : ""));
+  const ProblemShape s{1, 77, 130, 2, 1, 32, 32};
+  BackwardProblem<T> p(s, seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(-16, 16);
+  for (auto* x : {&p.q, &p.k})
+    for (T& e : *x) e = from_float<T>(static_cast<float>(pick(rng)));
+  double max_dot = 0.0;
+  for_each_index(p.qv.shape, [&](index_t, index_t i, index_t h, index_t) {
+    for (index_t j = 0; j < s.seqlen_k; ++j) {
+      double dot = 0.0;
+      for (index_t c = 0; c < s.head_dim; ++c) dot += double(to_float(p.qv(0, i, h, c))) * to_float(p.kv(0, j, 0, c));
+      max_dot = std::max(max_dot, std::abs(dot));
+    }
+  });
+  BackwardOptions opts;
+  Extras extras;
+  opts.causal = true;
+  opts.softmax_scale = static_cast<float>(magnitude / max_dot);
+  if (sink_and_softcap) {
+    opts.softcap = static_cast<float>(2.0 * magnitude);
+    extras.sinks = {static_cast<float>(magnitude * 0.9), -1.0f};
+    extras.dsinks.assign(2, sentinel);
+    opts.sinks = extras.sinks;
+    opts.dsinks = extras.dsinks;
+  }
+  p.forward(opts);
+  p.backward(opts);
+  const reference::Options ref_opts = reference::Options::from(opts);
+  const reference::BackwardResult ref = p.reference(ref_opts);
+  const reference::NaiveBackwardF naive = p.naive(ref_opts);
+  for (const auto& [got, want, naive_got, name] :
+       {std::tuple{p.grad_q(), &ref.dq, &naive.dq, "dq"}, std::tuple{p.grad_k(), &ref.dk, &naive.dk, "dk"},
+        std::tuple{p.grad_v(), &ref.dv, &naive.dv, "dv"}}) {
+    const GradError e = grad_error(got, *want, name);
+    const GradError n = grad_error(*naive_got, *want, std::string(name) + " (naive)");
+    EXPECT_EQ(e.problem, "");
+    const double rounding = std::is_same_v<T, float> ? 0.0 : unit_roundoff<T>() * e.magnitude;
+    EXPECT_LE(e.max_error, 3.0 * std::max(n.max_error, rounding) + 2e-4 * e.magnitude)
+        << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
+    EXPECT_GT(e.magnitude, 0.0) << name;
+  }
+}
+
+TEST(BackwardLargeScores, NearOneHotRowsAt1e4) {
+  check_large_scores<float>(1e4, false, 41);
+  check_large_scores<bf16>(1e4, false, 42);
+  check_large_scores<fp16>(1e4, false, 43);
+}
+
+TEST(BackwardLargeScores, NearOneHotRowsAt3e4) {
+  check_large_scores<float>(3e4, false, 44);
+  check_large_scores<bf16>(3e4, false, 45);
+  check_large_scores<fp16>(3e4, false, 46);
+}
+
+TEST(BackwardLargeScores, NearOneHotRowsWithASinkAndASoftcap) {
+  check_large_scores<float>(1e4, true, 47);
+  check_large_scores<bf16>(3e4, true, 48);
 }
 
 template <class T>

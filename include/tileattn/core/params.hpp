@@ -132,6 +132,10 @@ struct ForwardParams : ScoreOptions {
   TensorView<const KV> v;  // [batch, seqlen_k, heads_kv, head_dim_v]
   TensorView<T> o;        // [batch, seqlen_q, heads_q, head_dim_v]
   LseView lse;            // [batch, heads_q, seqlen_q]; data == nullptr: not written
+  // Each row's final statistics, like lse: its max score (log2 units) and its sum of
+  // 2^(score - max), sinks folded in; data == nullptr: not written. The backward asks for
+  // them where a float LSE is too coarse to recompute P from (kernels/backward.hpp).
+  LseView row_max, row_sum;
   float softmax_scale = 1.0f;
   const std::int32_t* cu_seqlens_q = nullptr;  // varlen when set (batch of the views is 1)
   const std::int32_t* cu_seqlens_k = nullptr;

@@ -370,7 +370,8 @@ class BackwardAccumulators {
     const auto q_rows = [&](const auto& t) { return rows(t, qc.local_start, qc.length); };
     tileattn::detail::backward<T>(q_rows(q), rows(k_block, kc.local_start, kc.length),
                                   rows(v_block, kc.local_start, kc.length), q_rows(o),
-                                  rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, options);
+                                  rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, options,
+                                  false);  // the LSE covers every rank's keys: P from it as saved
     add_into(q_rows(dq_view_), dq, options.execution);
     add_into(rows(step_.part(0, 0), kc.local_start, kc.length), dk, options.execution);
     add_into(rows(step_.part(0, 1), kc.local_start, kc.length), dv, options.execution);
@@ -416,7 +417,7 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {
-    tileattn::detail::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
+    tileattn::detail::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options, true);  // every key here
     record_step(st, now() - start, 0.0);
     st.seconds = now() - start;
     if (stats) *stats = std::move(st);

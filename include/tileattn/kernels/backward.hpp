@@ -59,7 +59,7 @@ struct BackwardTiles {
   Tile<Op> p_op;       // (Br, Bc) P, then dS, rows paired: the transposed A operand (pairs only)
   Tile<Op> ds_op;      // (Br, Bc) dS as an operand (pairs only)
   Tile<float> slope;   // (Br, Bc) the modified score's derivative (softcap or a score_mod only)
-  TileVector<float> lse2, delta;  // (Br) LSE in log2 units, D
+  TileVector<float> lse2, lse2_low, delta;  // (Br) P's shift in log2 units (two parts: load_shift), D
 
   static BackwardTiles carve(ScratchArena& arena, const BackwardPlan& plan, index_t d, index_t dv, bool slope) {
     const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
@@ -71,6 +71,7 @@ struct BackwardTiles {
     t.ds = Tile<float>::carve(arena, br, bc);
     if (slope) t.slope = Tile<float>::carve(arena, br, bc);
     t.lse2 = TileVector<float>::carve(arena, br);
+    t.lse2_low = TileVector<float>::carve(arena, br);
     t.delta = TileVector<float>::carve(arena, br);
     t.k = Tile<Op>::carve(arena, bc, cols(d));
     t.k_t = Tile<Op>::carve(arena, cols(d), bc);
@@ -107,23 +108,36 @@ struct BackwardTiles {
   }
 };
 
+/// The forward's final row statistics, [view batch, heads, seqlen] like the saved LSE: each
+/// row's max score in log2 units and its sum of 2^(score - max), sinks folded in
+/// (ForwardParams::row_max, row_sum). Where given, P is recomputed from them rather than
+/// from the saved float LSE, whose rounding (|LSE| 2^-24) is P's relative error: beyond
+/// |LSE| ~ 256 more than FlashAttention's rule allows (backward.hpp recomputes them there).
+struct SavedRowStats {
+  StridedView<const float, 3> max, sum;
+  bool given() const { return max.data != nullptr; }
+};
+
 /// The backward's main-memory state besides the user's tensors: the fp32 dQ accumulator
-/// [view batch, heads, seqlen, d], D [view batch, heads, seqlen], and the dQ turns.
+/// [view batch, heads, seqlen, d], D [view batch, heads, seqlen], the dQ turns, and the
+/// forward's row statistics where given.
 struct BackwardState {
   std::vector<float> dq_acc;
   std::vector<float> delta;
   TensorView<float> dq_acc_view;
   StridedView<float, 3> delta_view;
   DqTurns turns;
+  SavedRowStats row_stats;
 
   template <class T>
-  BackwardState(const BackwardParams<T>& p, const BackwardPlan& plan)
+  BackwardState(const BackwardParams<T>& p, const BackwardPlan& plan, const SavedRowStats& stats = {})
       : dq_acc(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2] * p.q.shape[3]), 0.0f),
         delta(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2]), 0.0f),
         dq_acc_view(make_bhsd(dq_acc.data(), p.q.shape[0], p.q.shape[2], p.q.shape[1], p.q.shape[3])),
         delta_view{delta.data(), {p.q.shape[0], p.q.shape[2], p.q.shape[1]},
                    {p.q.shape[2] * p.q.shape[1], p.q.shape[1], 1}},
-        turns(p, plan) {}
+        turns(p, plan),
+        row_stats(stats) {}
 };
 
 /// Pass 1 for one (sequence, head, query tile): D = rowsum(dO * O) in fp32.
@@ -159,19 +173,47 @@ void accumulate_bias_grad(const BackwardParams<T>& p, const KeyBlock& blk, index
   io.written(bytes);
 }
 
-/// c += a b, through the sparse-safe product when b holds an Inf or a NaN (a masked P or dS
-/// is an exact zero that must not meet it).
+/// The (query row, key) terms of one step that its rows do not see (score -inf: masked, or
+/// made -inf), which the sparse-safe products skip; recorded only when an operand holds an
+/// Inf or a NaN (`none`: every operand is finite and the fast products run).
+class HiddenTerms {
+ public:
+  static HiddenTerms none() { return {}; }
+  /// The terms of the score tile s (rows: query rows, columns: keys), before P overwrites it.
+  static HiddenTerms of(const Tile<float>& s) {
+    thread_local std::vector<unsigned char> hidden;  // this rare path's only buffer
+    hidden.resize(static_cast<std::size_t>(s.rows() * s.cols()));
+    for (index_t r = 0; r < s.rows(); ++r)
+      for (index_t j = 0; j < s.cols(); ++j)
+        hidden[static_cast<std::size_t>(r * s.cols() + j)] = s(r, j) == ops::negative_infinity;
+    return HiddenTerms(hidden.data(), s.rows(), s.cols());
+  }
+  bool recorded() const { return hidden_ != nullptr; }
+  /// Whether query row r does not see key j (a pair's padding, past either end, is hidden).
+  bool operator()(index_t r, index_t j) const {
+    return r >= rows_ || j >= keys_ || hidden_[static_cast<std::size_t>(r * keys_ + j)] != 0;
+  }
+
+ private:
+  HiddenTerms() = default;
+  HiddenTerms(const unsigned char* hidden, index_t rows, index_t keys) : hidden_(hidden), rows_(rows), keys_(keys) {}
+  const unsigned char* hidden_ = nullptr;
+  index_t rows_ = 0, keys_ = 0;
+};
+
+/// c += a b over query rows (a: rows of P or dS, summed over keys), through the sparse-safe
+/// product when b holds an Inf or a NaN (the hidden terms recorded).
 template <class TileA, class TileB>
-void accumulate(Tile<float>& c, const TileA& a, const TileB& b, bool b_finite) {
-  if (b_finite) ops::matmul_accumulate(c, a, b);
-  else ops::matmul_accumulate_nonzero(c, a, b);
+void accumulate(Tile<float>& c, const TileA& a, const TileB& b, const HiddenTerms& hidden) {
+  if (!hidden.recorded()) ops::matmul_accumulate(c, a, b);
+  else ops::matmul_accumulate_visible(c, a, b, [&](index_t r, index_t j) { return hidden(r, j); });
 }
 
-/// c += a^T b (a as stored), likewise.
+/// c += a^T b over keys (a as stored: query rows by keys, summed over query rows), likewise.
 template <class TileA, class TileB>
-void accumulate_tn(Tile<float>& c, const TileA& a_t, const TileB& b, bool b_finite) {
-  if (b_finite) ops::matmul_accumulate_tn(c, a_t, b);
-  else ops::matmul_accumulate_tn_nonzero(c, a_t, b);
+void accumulate_tn(Tile<float>& c, const TileA& a_t, const TileB& b, const HiddenTerms& hidden) {
+  if (!hidden.recorded()) ops::matmul_accumulate_tn(c, a_t, b);
+  else ops::matmul_accumulate_tn_visible(c, a_t, b, [&](index_t j, index_t r) { return hidden(r, j); });
 }
 
 /// The keys [k0, k1) of a key tile [col0, col0 + cols) that query rows [r0, r0 + n) can
@@ -184,6 +226,31 @@ inline std::pair<index_t, index_t> keys_seen(const ops::KeyWindow& w, index_t r0
   return {k0, std::min(cols, (k1 + 1) / 2 * 2)};
 }
 
+/// P's shift for rows [row, row + n) of (view batch vb, head), in log2 units, into t.lse2
+/// (and t.lse2_low where the forward's row statistics are given: P = 2^((s c - max) -
+/// log2(sum)), each part exact, instead of 2^(s c - LSE log2(e))). A row that saw no key
+/// gets -inf, a row that saw a NaN NaN, as from the saved LSE.
+template <class T, class Op, class Io>
+void load_shift(const BackwardParams<T>& p, const BackwardState& st, index_t vb, index_t head, index_t row,
+                index_t n, BackwardTiles<Op>& t, Io& io) {
+  constexpr float log2e = std::numbers::log2e_v<float>;
+  const SavedRowStats& stats = st.row_stats;
+  if (!stats.given()) {
+    load_vector(t.lse2.data(), &p.saved_lse(vb, head, row), p.saved_lse.stride[2], n, io);
+    arch::native::scale(t.lse2.data(), n, log2e);
+    return;
+  }
+  load_vector(t.lse2.data(), &stats.max(vb, head, row), stats.max.stride[2], n, io);
+  load_vector(t.lse2_low.data(), &stats.sum(vb, head, row), stats.sum.stride[2], n, io);
+  for (index_t i = 0; i < n; ++i) {
+    float& high = t.lse2[i];
+    float& low = t.lse2_low[i];
+    if (low == 0.0f) high = ops::negative_infinity;
+    else if (std::isnan(low) || std::isnan(high)) high = ops::quiet_nan;
+    low = high == ops::negative_infinity || std::isnan(high) ? 0.0f : std::log2(low);
+  }
+}
+
 /// One query tile's step against the resident key tile: rows [r0, r0 + n) of `head`, against
 /// the keys of the tile they can see. A tile the modifiers skip whole (a block mask's empty
 /// blocks) loads nothing and only passes its dQ turn on.
@@ -191,7 +258,6 @@ template <class T, class Op, class Mods, class Io>
 void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock& blk,
                    BackwardState& st, index_t head, index_t tile, index_t r0, index_t n,
                    bool keys_finite, BackwardTiles<Op>& t, Io& io) {
-  constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = blk.range;
   if (mods.skips({head, 1, r0, n}, blk.col0, blk.cols)) {
     st.turns.wait(blk.sequence, tile, head, blk.key_tile);
@@ -208,8 +274,7 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
     ops::pair_rows(t.dout_rows, t.dout, p.head_dim_v());
   }
   const index_t row = seq.q_start + r0;
-  load_vector(t.lse2.data(), &p.saved_lse(seq.view_batch, head, row), p.saved_lse.stride[2], n, io);
-  arch::native::scale(t.lse2.data(), n, log2e);                                  // LSE in log2 units
+  load_shift(p, st, seq.view_batch, head, row, n, t, io);                         // P's shift
   load_vector(t.delta.data(), &st.delta_view(seq.view_batch, head, row), st.delta_view.stride[2], n, io);
   const auto [k0, k1] = keys_seen(mods.window(), r0, n, blk.col0, blk.cols);
   auto keys = t.keys(k0, k1 - k0);                                                // c = k1 - k0 keys
@@ -217,23 +282,27 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
   ops::matmul(t.s, t.q, keys.k_t);                                                // S (n, c)
   Tile<float>* slope = mods.has_slope() ? &t.slope : nullptr;
   mods.apply(t.s, {head, 1, r0, n}, blk.col0 + k0, io, slope);
-  ops::recompute_probabilities(t.s, t.lse2.data(), mods.to_log2());               // P
+  const bool q_finite = ops::all_finite(t.q), dout_finite = ops::all_finite(t.dout);
+  const HiddenTerms hidden = q_finite && dout_finite && keys_finite ? HiddenTerms::none() : HiddenTerms::of(t.s);
+  const HiddenTerms none = HiddenTerms::none();
+  ops::recompute_probabilities(t.s, t.lse2.data(), mods.to_log2(),               // P
+                               st.row_stats.given() ? t.lse2_low.data() : nullptr);
   ops::matmul(t.ds, t.dout, keys.v_t);                                            // dP
   ops::softmax_grad(t.ds, t.s, t.delta.data());                                   // dS
   if (p.dbias.data) accumulate_bias_grad(p, blk, head, r0, blk.col0 + k0, t.ds, io);
   if (slope) ops::multiply_nonzero(t.ds, *slope);                                 // through tanh
 
   accumulate_tn(keys.dv, ops::as_transposed_operand(t.s, t.p_op), t.dout_as_rows(),  // dV += P^T dO
-                ops::all_finite(t.dout));
+                dout_finite ? none : hidden);
   accumulate_tn(keys.dk, ops::as_transposed_operand(t.ds, t.p_op), t.queries_as_rows(),  // dK += dS^T Q
-                ops::all_finite(t.q));
+                q_finite ? none : hidden);
 
   // dQ_acc += dS K, after the key tiles before this one (ascending order: deterministic).
   const Tile<Op>& ds = ops::as_operand(t.ds, t.ds_op);
   Tile<float> acc = Tile<float>::wrap(&st.dq_acc_view(seq.view_batch, seq.q_start + r0, head, 0), n, p.head_dim(),
                                       st.dq_acc_view.stride[1]);
   st.turns.wait(blk.sequence, tile, head, blk.key_tile);
-  accumulate(acc, ds, keys.k_rows, keys_finite);
+  accumulate(acc, ds, keys.k_rows, keys_finite ? none : hidden);
   st.turns.pass(blk.sequence, tile, head, blk.key_tile);
   const auto acc_bytes = static_cast<std::uint64_t>(n * p.head_dim()) * sizeof(float);
   io.read(acc_bytes);
@@ -328,8 +397,8 @@ std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, cons
 /// gives each item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
 template <class Io, class T, class Scores = ops::BuiltinScores>
 IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, const Execution& exec,
-                      const Scores& scores = {}) {
-  BackwardState st(p, plan);
+                      const Scores& scores = {}, const SavedRowStats& row_stats = {}) {
+  BackwardState st(p, plan, row_stats);
   const index_t workers = worker_count(exec);
   std::vector<Io> io(static_cast<std::size_t>(std::max<index_t>(workers, 1)));
   const auto tiles = query_tiles(p, plan);

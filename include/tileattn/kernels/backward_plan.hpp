@@ -61,8 +61,8 @@ struct BackwardShape {
 /// Bytes the backward kernel carves for br query rows and bc keys (kernels/backward.hpp,
 /// BackwardTiles): resident K (bc x d), K^T (d x bc), V^T (dv x bc) and the dK, dV
 /// accumulators (bc x d, bc x dv); streamed Q (br x d), dO (br x dv), S/P and dP/dS
-/// (br x bc each), the softcap's slope (br x bc, only with softcap) and two per-row vectors
-/// (LSE, D). With bf16 pair operands, K, Q and dO are held twice (pairs along their
+/// (br x bc each), the softcap's slope (br x bc, only with softcap) and three per-row vectors
+/// (P's shift in two parts, D). With bf16 pair operands, K, Q and dO are held twice (pairs along their
 /// columns for one product, pairs of rows for another), V once more as rows, and P / dS
 /// once more with rows paired and dS with columns paired, each in 2 bytes per value.
 /// The preprocessing (O and dO tiles of br rows, and D) and the epilogue (a dQ tile) carve
@@ -74,7 +74,7 @@ constexpr std::size_t backward_working_set_bytes(index_t br, index_t bc, index_t
   using P = Tile<bf16x2>;
   const auto half = [](index_t n) { return (n + 1) / 2; };
   std::size_t main = F::footprint(bc, d) + F::footprint(bc, dv) + (softcap ? 3 : 2) * F::footprint(br, bc) +
-                     2 * TileVector<float>::footprint(br);  // dK, dV, S, dS, (slope)
+                     3 * TileVector<float>::footprint(br);  // dK, dV, S, dS, (slope); P's shift (2), D
   if (operands == TileOperands::bf16_pairs) {
     main += P::footprint(bc, half(d)) + P::footprint(half(d), bc) + P::footprint(half(bc), d) +     // K, K^T, K rows
             P::footprint(bc, half(dv)) + P::footprint(half(dv), bc) +                               // V, V^T

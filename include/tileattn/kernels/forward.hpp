@@ -484,12 +484,17 @@ void store_output(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t
     const index_t r0 = g * rows.positions, head = rows.head0 + g;
     Tile<float> o_head = t.o.slice_rows(r0, rows.positions);
     const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
-    ops::finalize_rows(o_head, t.stats.slice(r0, rows.positions), t.lse.data() + r0,
-                       p.sinks.empty() ? nullptr : &sink);
+    const ops::RowStats stats = t.stats.slice(r0, rows.positions);
+    ops::finalize_rows(o_head, stats, t.lse.data() + r0, p.sinks.empty() ? nullptr : &sink);
     store_rows(sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), rows.position0, o_head, io);
-    if (p.lse.data)
-      store_vector(&p.lse(seq.view_batch, head, seq.q_start + rows.position0), p.lse.stride[2],
-                   t.lse.data() + r0, rows.positions, io);
+    const auto store_rows_of = [&](const LseView& out, const float* values) {
+      if (out.data)
+        store_vector(&out(seq.view_batch, head, seq.q_start + rows.position0), out.stride[2], values,
+                     rows.positions, io);
+    };
+    store_rows_of(p.lse, t.lse.data() + r0);
+    store_rows_of(p.row_max, stats.max.data());
+    store_rows_of(p.row_sum, stats.sum.data());
   }
 }
 

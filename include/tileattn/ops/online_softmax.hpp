@@ -195,11 +195,15 @@ void normalize_rows(AccTile& o, const RowStats& stats) {
 /// (a logit in log2 units that joins the denominator without a value; -inf: none) may be given. Rows
 /// that saw no unmasked key get o = 0 and lse = -inf (or the sink's logit); rows that saw
 /// a NaN get NaN.
+/// `stats` (a view: RowStats are tiles) ends as the rows' final statistics, the sink folded
+/// in, which the backward reads where the float LSE cannot carry them (kernels/backward.hpp).
 template <class AccTile>
-void finalize_rows(AccTile& o, const RowStats& stats, float* lse, const float* sink = nullptr) {
+void finalize_rows(AccTile& o, RowStats stats, float* lse, const float* sink = nullptr) {
   constexpr float ln2 = std::numbers::ln2_v<float>;
   for (index_t i = 0; i < o.rows(); ++i) {
-    float max = stats.max[i], sum = stats.sum[i], o_factor = 1.0f;
+    float& max = stats.max[i];
+    float& sum = stats.sum[i];
+    float o_factor = 1.0f;
     if (sink && *sink != negative_infinity) {  // fold 2^(sink - max) into the sum, under the larger maximum
       const float new_max = std::max(max, *sink);
       o_factor = arch::native::exp2(max - new_max);

@@ -22,12 +22,15 @@
 
 namespace tileattn::ops {
 
-/// s := P = 2^(s * to_log2 - lse2[r]) row by row (lse2: the rows' LSE in log2 units).
-/// Rows whose LSE is -inf get P = 0; rows whose LSE is NaN get NaN where the score is not
-/// -inf. Rows with a huge LSE round s * to_log2 first, as the forward did for them
-/// (exact_shift_limit), so their largest score still gets 2^0.
+/// s := P = 2^(s * to_log2 - lse2[r]) row by row (lse2: the rows' LSE in log2 units), or,
+/// with `low` (the forward's row statistics: lse2 = max, low = log2(sum)),
+/// P = 2^((s * to_log2 - lse2[r]) - low[r]), the difference to the max taken exactly first,
+/// so that P keeps its bits at any score magnitude. Rows whose LSE is -inf get P = 0; rows
+/// whose LSE is NaN get NaN where the score is not -inf. Rows with a huge LSE round
+/// s * to_log2 first, as the forward did for them (exact_shift_limit), so their largest
+/// score still gets 2^0.
 template <class ScoreTile>
-void recompute_probabilities(ScoreTile& s, const float* lse2, float to_log2) {
+void recompute_probabilities(ScoreTile& s, const float* lse2, float to_log2, const float* low = nullptr) {
   constexpr index_t block = 32;
   float factor[block], shift[block], sums[block];
   for (index_t r0 = 0; r0 < s.rows(); r0 += block) {
@@ -40,9 +43,16 @@ void recompute_probabilities(ScoreTile& s, const float* lse2, float to_log2) {
       if (std::isnan(lse)) {  // P = NaN where the row sees the key, 0 where masked
         for (index_t j = 0; j < s.cols(); ++j) row[j] = row[j] == negative_infinity ? row[j] : quiet_nan;
         shift[k] = 0.0f;
-      } else if (std::abs(lse) >= exact_shift_limit && to_log2 != 1.0f) {
+        continue;
+      }
+      if (std::abs(lse) >= exact_shift_limit && to_log2 != 1.0f) {
         arch::native::scale(row, s.cols(), to_log2);
         factor[k] = 1.0f;
+      }
+      if (low && lse != negative_infinity) {  // s c - max, exact, then 2^(that - log2(sum))
+        for (index_t j = 0; j < s.cols(); ++j) row[j] = std::fma(row[j], factor[k], -lse);
+        factor[k] = 1.0f;
+        shift[k] = low[r0 + k];
       }
     }
     arch::native::exp2_shift_sum_rows(s.row(r0), s.ld(), rows, s.cols(), factor, shift, sums);
