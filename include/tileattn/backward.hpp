@@ -14,6 +14,7 @@
 // anything runs: a bad one throws tileattn::invalid_argument naming it, and nothing is written.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -117,9 +118,24 @@ bool needs_row_stats(const BackwardParams<T>& p) {
   return false;
 }
 
+/// The tiles of the forward that recomputes the row statistics: 64 keys and up to 64 query
+/// positions of one head, whatever the budget. A row's sum takes its bits from where the
+/// key tiles start (the online softmax rescales there), so a plan fixed by the shape alone
+/// keeps the backward's gradients the same bits for every budget. Its working set (at most
+/// ~1.3 MB at head_dim 1024) may exceed a budget set below it: this rare path's only excess.
+template <class T>
+TilePlan row_stats_plan(const BackwardParams<T>& p, index_t max_seqlen_q) {
+  constexpr index_t key_tile = 64, query_tile = 64;
+  const index_t positions = std::clamp<index_t>(max_seqlen_q, 1, query_tile);
+  const std::size_t bytes = forward_working_set_bytes(positions, key_tile, p.head_dim(), p.head_dim_v(),
+                                                      kernels::tile_operands_v<kernels::tile_operand_t<T>>);
+  return {positions, key_tile, 1, bytes, bytes};
+}
+
 /// The forward's final row statistics of every row, recomputed by running the forward again
-/// (its O into a scratch buffer): what the backward needs where the saved LSE is too coarse.
-/// It costs a forward (about 40% of a backward), only on calls with such rows.
+/// (its O into a scratch buffer, on row_stats_plan's tiles): what the backward needs where
+/// the saved LSE is too coarse. It costs a forward (about 40% of a backward), only on calls
+/// with such rows.
 struct RecomputedRowStats {
   std::vector<float> max, sum;
   IoCounts io;
@@ -130,7 +146,7 @@ struct RecomputedRowStats {
 };
 
 template <class T, class Scores>
-RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
+RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_seqlen_q,
                                        const BackwardOptions& options, const Scores& scores) {
   const index_t batch = p.q.shape[dim::batch], seqlen = p.q.shape[dim::seqlen], heads = p.heads();
   const auto rows = static_cast<std::size_t>(batch * heads * seqlen);
@@ -142,9 +158,9 @@ RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_s
   f.lse = {};
   f.row_max = {r.max.data(), r.shape, r.stride};
   f.row_sum = {r.sum.data(), r.shape, r.stride};
-  ForwardOptions fo = options;
-  fo.io_counts = options.io_counts ? &r.io : nullptr;
-  run(f, max_seqlen_q, max_seqlen_k, fo, scores);
+  const TilePlan plan = row_stats_plan(p, max_seqlen_q);
+  if (options.io_counts) r.io = kernels::run_forward<CountingIo>(f, plan, options.execution, scores);
+  else kernels::run_forward<NoIoCounting>(f, plan, options.execution, scores);
   return r;
 }
 
@@ -168,7 +184,7 @@ void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, in
           for (index_t j = 0; j < g.shape[3]; ++j) g(b, h, i, j) = 0.0f;
   }
   RecomputedRowStats stats;
-  if (lse_of_these_keys && needs_row_stats(p)) stats = recompute_row_stats(p, max_seqlen_q, max_seqlen_k, options, scores);
+  if (lse_of_these_keys && needs_row_stats(p)) stats = recompute_row_stats(p, max_seqlen_q, options, scores);
   const kernels::SavedRowStats saved = stats.max.empty() ? kernels::SavedRowStats{} : stats.view();
   if (options.io_counts) {
     *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution, scores, saved);

@@ -4,6 +4,8 @@
 // every extra gradient; and repeated calls agree (the ordered dQ sums leave nothing to timing).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -62,18 +64,26 @@ bool may_reject(const ProblemShape& s, std::size_t budget) {
   return budget < backward_working_set_bytes(br, bc, s.head_dim, s.head_dim_v, true, ops);
 }
 
+/// large_scores: scores of hundreds (scale 40, no softcap), where the backward recomputes P
+/// from the forward's row statistics (|LSE| >= 256), on tiles of its own.
 template <class T>
-void check_deterministic(ProblemShape s, bool causal) {
+void check_deterministic(ProblemShape s, bool causal, bool large_scores = false) {
   BackwardProblem<T> p(s, 5);
   std::vector<float> sinks(static_cast<std::size_t>(s.heads), 0.3f);
   std::vector<float> bias(static_cast<std::size_t>(s.heads * s.seqlen_q * s.seqlen_k));
   for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = 0.01f * static_cast<float>(i % 97);
   BackwardOptions opts;
   opts.causal = causal;
-  opts.softcap = 4.0f;
+  opts.softcap = large_scores ? 0.0f : 4.0f;
+  if (large_scores) opts.softmax_scale = 40.0f;
   opts.sinks = sinks;
   opts.bias = {bias.data(), {1, s.heads, s.seqlen_q, s.seqlen_k}, {0, s.seqlen_q * s.seqlen_k, s.seqlen_k, 1}};
   p.forward(opts);
+  if (large_scores) {
+    float largest = 0.0f;
+    for (float x : p.lse) largest = std::max(largest, std::abs(x));
+    ASSERT_GE(largest, detail::exact_row_stats_lse) << "no row takes the row-statistics path";
+  }
   const Outputs<T> base = run(p, opts, bias, {Backend::serial, 1}, 0);
   for (Backend b : compiled_backends())
     for (int threads : {1, 2, 3, 5})
@@ -94,6 +104,8 @@ TEST(BackwardDeterminism, FloatCausalGqa) { check_deterministic<float>({2, 300, 
 TEST(BackwardDeterminism, FloatOneHeadManyKeyTiles) { check_deterministic<float>({1, 257, 700, 1, 1, 16, 16}, false); }
 TEST(BackwardDeterminism, Bf16Causal) { check_deterministic<bf16>({1, 190, 190, 2, 1, 40, 24}, true); }
 TEST(BackwardDeterminism, Bf16OddKeys) { check_deterministic<bf16>({2, 150, 191, 4, 2, 64, 64}, false); }
+TEST(BackwardDeterminism, LargeScoresFloat) { check_deterministic<float>({1, 150, 170, 2, 1, 32, 32}, true, true); }
+TEST(BackwardDeterminism, LargeScoresBf16) { check_deterministic<bf16>({1, 150, 170, 2, 1, 32, 32}, false, true); }
 TEST(BackwardDeterminism, Fp16) { check_deterministic<fp16>({2, 100, 120, 2, 2, 16, 16}, false); }
 
 }  // namespace
