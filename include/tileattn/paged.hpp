@@ -213,7 +213,7 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
   set_kv_scales(p, options, "num_pages", k_cache.shape[dim::batch]);
   check_options(p, batch, call.longest_q, call.longest_k, options.execution);
   check_budget(options);
-  check_paged_aliasing(p, cache_seqlens, cu_seqlens_q);
+  check_aliasing(p);  // O and LSE against the block table and the lengths too
   return call;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -167,10 +168,26 @@ void set_kv_scales(ForwardParams<T, KV>& p, const ForwardOptions& options, const
   p.v_scale = resolve_kv_scale<KV>(options.v_scale, "v_scale", rows_meaning, rows, p.heads_kv());
 }
 
-/// An output must not overlap itself or any input of p.
+/// n int32 entries from `data`, as a view (a length or index array).
+inline StridedView<const std::int32_t, 1> int32_view(const std::int32_t* data, index_t n) {
+  return {data, {n}, {1}};
+}
+
+/// An output must not overlap the integer arrays the kernels read while writing it: the
+/// varlen cu_seqlens, the paged block table and cache_seqlens (those p points at).
+template <class T, class KV, class Out>
+void check_disjoint_from_indices(const ForwardParams<T, KV>& p, const Out& out, const std::string& name) {
+  if (p.cu_seqlens_q) check_disjoint(out, name, int32_view(p.cu_seqlens_q, p.num_sequences + 1), "cu_seqlens_q");
+  if (p.cu_seqlens_k) check_disjoint(out, name, int32_view(p.cu_seqlens_k, p.num_sequences + 1), "cu_seqlens_k");
+  if (p.cache_seqlens) check_disjoint(out, name, int32_view(p.cache_seqlens, p.batch()), "cache_seqlens");
+  if (p.block_table.data) check_disjoint(out, name, p.block_table, "block_table");
+}
+
+/// An output must not overlap itself or any input of p (index arrays included).
 template <class T, class KV, class Out>
 void check_output(const ForwardParams<T, KV>& p, const Out& out, const std::string& name) {
   check_no_self_overlap(out, name);
+  check_disjoint_from_indices(p, out, name);
   check_disjoint(out, name, p.q, "q");
   check_disjoint(out, name, p.k, "k");
   check_disjoint(out, name, p.v, "v");
@@ -191,15 +208,6 @@ void check_aliasing(const ForwardParams<T, KV>& p) {
   if (!p.lse.data) return;
   check_output(p, p.lse, "lse");
   check_disjoint(p.lse, "lse", p.o, "o");
-}
-
-/// O and LSE must not overlap a length array the kernel reads while writing them.
-template <class T, class KV>
-void check_outputs_disjoint(const ForwardParams<T, KV>& p, std::span<const std::int32_t> lengths, const char* name) {
-  if (lengths.empty()) return;
-  const StridedView<const std::int32_t, 1> view{lengths.data(), {static_cast<index_t>(lengths.size())}, {1}};
-  check_disjoint(p.o, "o", view, name);
-  if (p.lse.data) check_disjoint(p.lse, "lse", view, name);
 }
 
 /// cu_seqlens: batch + 1 entries from 0, non-decreasing, within `total` rows, each length <= max.
