@@ -168,18 +168,13 @@ void set_kv_scales(ForwardParams<T, KV>& p, const ForwardOptions& options, const
   p.v_scale = resolve_kv_scale<KV>(options.v_scale, "v_scale", rows_meaning, rows, p.heads_kv());
 }
 
-/// n int32 entries from `data`, as a view (a length or index array).
-inline StridedView<const std::int32_t, 1> int32_view(const std::int32_t* data, index_t n) {
-  return {data, {n}, {1}};
-}
-
 /// An output must not overlap the integer arrays the kernels read while writing it: the
 /// varlen cu_seqlens, the paged block table and cache_seqlens (those p points at).
 template <class T, class KV, class Out>
 void check_disjoint_from_indices(const ForwardParams<T, KV>& p, const Out& out, const std::string& name) {
-  if (p.cu_seqlens_q) check_disjoint(out, name, int32_view(p.cu_seqlens_q, p.num_sequences + 1), "cu_seqlens_q");
-  if (p.cu_seqlens_k) check_disjoint(out, name, int32_view(p.cu_seqlens_k, p.num_sequences + 1), "cu_seqlens_k");
-  if (p.cache_seqlens) check_disjoint(out, name, int32_view(p.cache_seqlens, p.batch()), "cache_seqlens");
+  if (p.cu_seqlens_q) check_disjoint(out, name, array_view(p.cu_seqlens_q, p.num_sequences + 1), "cu_seqlens_q");
+  if (p.cu_seqlens_k) check_disjoint(out, name, array_view(p.cu_seqlens_k, p.num_sequences + 1), "cu_seqlens_k");
+  if (p.cache_seqlens) check_disjoint(out, name, array_view(p.cache_seqlens, p.batch()), "cache_seqlens");
   if (p.block_table.data) check_disjoint(out, name, p.block_table, "block_table");
 }
 
@@ -197,8 +192,7 @@ void check_output(const ForwardParams<T, KV>& p, const Out& out, const std::stri
   if (p.v_scale.data) check_disjoint(out, name, p.v_scale, "v_scale");
   for (const auto& [values, what] : {std::pair{p.alibi_slopes, "alibi_slopes"}, std::pair{p.sinks, "sinks"}})
     if (!values.empty())
-      check_disjoint(out, name, StridedView<const float, 1>{values.data(), {static_cast<index_t>(values.size())}, {1}},
-                     what);
+      check_disjoint(out, name, array_view(values), what);
 }
 
 /// Outputs must not overlap themselves, each other or any input.
