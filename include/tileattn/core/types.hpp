@@ -16,4 +16,9 @@ inline constexpr index_t dynamic_extent = -1;
 /// Every SRAM tile row starts on a cache line (and a full AVX-512 vector).
 inline constexpr std::size_t cache_line_bytes = 64;
 
+namespace detail {
+/// ceil(a / b) for b >= 1, without the overflow of (a + b - 1) / b near INT64_MAX.
+constexpr index_t ceil_div(index_t a, index_t b) { return a / b + (a % b > 0); }
+}  // namespace detail
+
 }  // namespace tileattn

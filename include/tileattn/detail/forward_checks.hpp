@@ -205,12 +205,14 @@ void check_aliasing(const ForwardParams<T, KV>& p) {
 }
 
 /// cu_seqlens: batch + 1 entries from 0, non-decreasing, within `total` rows, each length <= max.
-inline void check_cu_seqlens(std::span<const std::int32_t> cu, const std::string& name,
+/// Returns the longest length (computed only from entries checked: no overflow).
+inline index_t check_cu_seqlens(std::span<const std::int32_t> cu, const std::string& name,
                              index_t batch, index_t total, index_t max_len,
                              const std::string& max_name) {
   TILEATTN_REQUIRE(static_cast<index_t>(cu.size()) == batch + 1, name,
           "needs batch + 1 = " + std::to_string(batch + 1) + " entries, got " + std::to_string(cu.size()));
   TILEATTN_REQUIRE(cu[0] == 0, name, "must start at 0, got " + std::to_string(cu[0]));
+  index_t longest = 0;
   for (std::size_t b = 1; b < cu.size(); ++b) {  // messages built only on failure: batches can be long
     if (cu[b] < cu[b - 1])
       throw invalid_argument(name, "decreases at entry " + std::to_string(b) + " (" + std::to_string(cu[b - 1]) +
@@ -219,9 +221,11 @@ inline void check_cu_seqlens(std::span<const std::int32_t> cu, const std::string
       throw invalid_argument(max_name, "sequence " + std::to_string(b - 1) + " has " +
                                            std::to_string(cu[b] - cu[b - 1]) + " rows, more than " +
                                            std::to_string(max_len));
+    longest = std::max<index_t>(longest, cu[b] - cu[b - 1]);
   }
   TILEATTN_REQUIRE(cu.back() <= total, name,
           "ends at " + std::to_string(cu.back()) + ", past the " + std::to_string(total) + " rows of the buffer");
+  return longest;
 }
 
 }  // namespace tileattn::detail
