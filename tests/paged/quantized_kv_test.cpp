@@ -608,6 +608,11 @@ TEST(QuantizedCache, RejectsScalesItCannotUse) {
   EXPECT_THROW_NAMING(KvCache<fp8_e5m2>{config}, "v_scale");
   config.v_scale = {std::numeric_limits<float>::infinity()};
   EXPECT_THROW_NAMING(KvCache<fp8_e5m2>{config}, "v_scale");
+  // Issue 27, N4: num_layers x heads_kv overflowed in the scale count's check; such a cache
+  // is past the size bound, checked first.
+  config = {.num_layers = index_t{1} << 62, .num_pages = 1, .page_size = 1, .heads_kv = 2, .head_dim = 1};
+  config.k_scale = {1.0f, 2.0f, 3.0f};
+  EXPECT_THROW_NAMING(KvCache<fp8_e4m3>{config}, "num_layers");
 }
 
 }  // namespace
