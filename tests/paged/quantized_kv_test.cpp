@@ -497,13 +497,13 @@ TEST(QuantizedWrite, RejectsBadScalesAndWritesNothing) {
   EXPECT_EQ(ks[1], 0.0f);
   // Issue 27: int8 scales are written while slot_mapping is read (N1), and both pools are
   // written (N2): neither may overlap.
-  std::vector<float> held(3, 0.0f), v_held(2, 0.0f);
-  std::memcpy(held.data() + 1, &slot, sizeof slot);  // the slot over the K scale of page 1
-  const auto* slot_in_scales = reinterpret_cast<const std::int64_t*>(held.data() + 1);
+  std::vector<float> held(4, 0.0f), v_held(2, 0.0f);  // K scales in held[1, 3), the slot (aligned) in [2, 4)
+  std::memcpy(held.data() + 2, &slot, sizeof slot);  // over the K scale of page 1
+  const auto* slot_in_scales = reinterpret_cast<const std::int64_t*>(held.data() + 2);
   const auto rows_view = make_thd<const float>(rows.data(), 1, Hkv, D);
   EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, std::span<const std::int64_t>(slot_in_scales, 1),
                                      make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(vp.data(), pages, P, Hkv, D),
-                                     make_page_scales(held.data(), pages, Hkv), make_page_scales(v_held.data(), pages, Hkv)),
+                                     make_page_scales(held.data() + 1, pages, Hkv), make_page_scales(v_held.data(), pages, Hkv)),
                       "k_scale");
   EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, std::span<const std::int64_t>(&slot, 1),
                                      make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(kp.data() + 8, pages, P, Hkv, D),
@@ -511,7 +511,7 @@ TEST(QuantizedWrite, RejectsBadScalesAndWritesNothing) {
                       "v_cache");
   for (auto x : kp) ASSERT_EQ(x, 7);
   for (auto x : vp) ASSERT_EQ(x, 7);
-  EXPECT_TRUE(held[0] == 0.0f && std::memcmp(held.data() + 1, &slot, sizeof slot) == 0 && v_held[1] == 0.0f);
+  EXPECT_TRUE(held[1] == 0.0f && std::memcmp(held.data() + 2, &slot, sizeof slot) == 0 && v_held[1] == 0.0f);
   // fp8: fixed scales, broadcast allowed, must be > 0.
   std::vector<fp8_e4m3> fk(kp.size()), fv(kp.size());
   float zero = 0.0f, one = 1.0f;
