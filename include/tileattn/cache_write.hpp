@@ -85,10 +85,12 @@ void check_rows_match_pool(const StridedView<T, 3>& rows, const std::string& row
                 std::to_string(pool.shape[d + 1]) + ", got " + std::to_string(rows.shape[d]));
 }
 
-/// The views and shapes of a slot write; the new rows must not overlap the pools.
+/// The views and shapes of a slot write; the pools (both written) must not overlap each
+/// other, the new rows or the slot mapping (read while they are written).
 template <class S, class T>
 void check_kv_write(const StridedView<const S, 3>& k_new, const StridedView<const S, 3>& v_new,
-                    const PagePoolView<T>& k_cache, const PagePoolView<T>& v_cache) {
+                    std::span<const std::int64_t> slots, const PagePoolView<T>& k_cache,
+                    const PagePoolView<T>& v_cache) {
   check_view(k_new, "k_new", new_k_dims, tokens_may_be_empty);
   check_view(v_new, "v_new", new_v_dims, tokens_may_be_empty);
   check_view(k_cache, "k_cache", k_pool_dims);
@@ -104,6 +106,9 @@ void check_kv_write(const StridedView<const S, 3>& k_new, const StridedView<cons
   check_disjoint(k_cache, "k_cache", v_new, "v_new");
   check_disjoint(v_cache, "v_cache", k_new, "k_new");
   check_disjoint(v_cache, "v_cache", v_new, "v_new");
+  check_no_shared_element(v_cache, "v_cache", k_cache, "k_cache");  // they may interleave
+  check_disjoint(k_cache, "k_cache", array_view(slots), "slot_mapping");
+  check_disjoint(v_cache, "v_cache", array_view(slots), "slot_mapping");
 }
 
 /// One slot per token, each in [-1, num_slots), no slot twice.
@@ -138,7 +143,8 @@ void copy_token(const StridedView<const T, 3>& rows, index_t token, const PagePo
 }
 
 /// A quantized pool's scale view: [num_pages or 1, heads_kv or 1] (int8: exactly
-/// [num_pages, heads_kv], not overlapping itself), disjoint from the pools and new rows,
+/// [num_pages, heads_kv], not overlapping itself or the slot mapping, as it is written),
+/// disjoint from the pools and new rows,
 /// and, for the pages `slots` write, finite and > 0 (fp8) or >= 0 (int8). Returns it with
 /// broadcast extents as stride 0.
 template <quantized_type Q, class S>
@@ -158,7 +164,10 @@ PageScaleView check_page_scales(const PageScaleView& scales, const char* name, c
     if (broadcast) out.stride[d] = 0;
     out.shape[d] = want[d];
   }
-  if constexpr (adaptive_scale<Q>) check_no_self_overlap(scales, name);
+  if constexpr (adaptive_scale<Q>) {
+    check_no_self_overlap(scales, name);
+    check_disjoint(scales, name, array_view(slots), "slot_mapping");
+  }
   check_disjoint(scales, name, k_cache, "k_cache");
   check_disjoint(scales, name, v_cache, "v_cache");
   check_disjoint(scales, name, k_new, "k_new");
@@ -223,7 +232,7 @@ void write_kv_slots(std::type_identity_t<StridedView<const T, 3>> k_new,
                     std::span<const std::int64_t> slot_mapping, PagePoolView<T> k_cache,
                     PagePoolView<T> v_cache) {
   static_assert(storage_type<T>, "tileattn: write_kv_slots: the caches must hold float, bf16 or fp16");
-  detail::check_kv_write(k_new, v_new, k_cache, v_cache);
+  detail::check_kv_write(k_new, v_new, slot_mapping, k_cache, v_cache);
   const index_t page_size = k_cache.shape[1];
   detail::check_slot_mapping(slot_mapping, k_new.shape[0], k_cache.shape[0] * page_size);
   for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
@@ -253,7 +262,7 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
   static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
                 "tileattn: write_kv_slots: new K and V rows for a quantized cache must both hold float, bf16 or fp16");
   const StridedView<const S, 3> k_rows = k_new, v_rows = v_new;
-  detail::check_kv_write(k_rows, v_rows, k_cache, v_cache);
+  detail::check_kv_write(k_rows, v_rows, slot_mapping, k_cache, v_cache);
   const index_t page_size = k_cache.shape[1];
   detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_cache.shape[0] * page_size);
   const PageScaleView ks =

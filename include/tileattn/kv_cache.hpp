@@ -72,6 +72,7 @@
 #include "tileattn/cache_write.hpp"
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/detail/view_checks.hpp"
@@ -217,9 +218,9 @@ class KvCache {
     const Sequence& s = at(sequence);
     check_new_rows(k_new, v_new, detail::new_k_dims, detail::new_v_dims, detail::tokens_may_be_empty);
     const index_t n = k_new.shape[0];
-    TILEATTN_REQUIRE(position0 >= 0 && position0 <= s.length - n, "position0",
-                    "rows [" + std::to_string(position0) + ", " + std::to_string(position0 + n) +
-                        ") are not within the sequence's length " + std::to_string(s.length));
+    TILEATTN_REQUIRE(position0 >= 0 && position0 <= s.length - n, "position0",  // (position0 + n may overflow)
+                    std::to_string(position0) + " with " + std::to_string(n) +
+                        " rows: they are not within the sequence's length " + std::to_string(s.length));
     std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
     for (index_t i = 0; i < n; ++i) {
       const std::int32_t page = s.pages[static_cast<std::size_t>((position0 + i) / page_size())];
@@ -392,9 +393,11 @@ class KvCache {
         continue;
       }
       const auto n = static_cast<index_t>(given->size());
-      TILEATTN_REQUIRE(n <= 1 || n == c.heads_kv || n == c.num_layers * c.heads_kv, name,
+      const bool per_layer = n % c.heads_kv == 0 && n / c.heads_kv == c.num_layers;  // num_layers x heads_kv
+      TILEATTN_REQUIRE(n <= 1 || n == c.heads_kv || per_layer, name,
                        "needs 0, 1, heads_kv = " + std::to_string(c.heads_kv) + " or num_layers x heads_kv = " +
-                           std::to_string(c.num_layers * c.heads_kv) + " values, got " + std::to_string(n));
+                           std::to_string(c.num_layers) + " x " + std::to_string(c.heads_kv) + " values, got " +
+                           std::to_string(n));
       for (std::size_t i = 0; i < given->size(); ++i)
         TILEATTN_REQUIRE(std::isfinite((*given)[i]) && (*given)[i] > 0.0f, name,
                          "entry " + std::to_string(i) + " = " + std::to_string((*given)[i]) + " must be finite and > 0");
@@ -409,15 +412,34 @@ class KvCache {
       TILEATTN_REQUIRE(value >= 1, name, "must be >= 1, got " + std::to_string(value));
     TILEATTN_REQUIRE(c.num_pages <= max_length, "num_pages",
                     "must fit int32 (block tables hold page ids), got " + std::to_string(c.num_pages));
-    index_t elements = c.num_pages;
-    const bool overflow = __builtin_mul_overflow(elements, c.page_size, &elements) ||
-                          __builtin_mul_overflow(elements, c.heads_kv, &elements) ||
-                          __builtin_mul_overflow(elements, std::max(c.head_dim, c.head_dim_v), &elements);
-    const index_t max_elements = std::numeric_limits<std::ptrdiff_t>::max() / static_cast<index_t>(sizeof(T));
-    TILEATTN_REQUIRE(!overflow && elements <= max_elements, "num_pages",
-                    "num_pages x page_size x heads_kv x head_dim elements do not fit in memory");
-    check_scales(c);
+    const detail::CheckedSum layer = layer_bytes(c);
+    TILEATTN_REQUIRE(layer.at_most(max_allocation_bytes), "num_pages",
+                     "num_pages x page_size x heads_kv x (head_dim + head_dim_v) elements of " +
+                         std::to_string(sizeof(T)) + " bytes: one layer's pools take more than max_allocation_bytes "
+                         "(2^47, the address space)");
+    const detail::CheckedSum total =
+        detail::CheckedSum{}.add({layer.value, c.num_layers}).add({c.num_pages, page_state_bytes});
+    TILEATTN_REQUIRE(total.at_most(max_allocation_bytes), "num_layers",
+                     std::to_string(c.num_layers) + " layers of " + std::to_string(layer.value) +
+                         " bytes take more than max_allocation_bytes (2^47, the address space)");
+    check_scales(c);  // after the bounds: num_layers x heads_kv fits
     return c;
+  }
+
+  /// Bytes per page beside the pools: a reference count and a free-list entry.
+  static constexpr index_t page_state_bytes = sizeof(index_t) + sizeof(std::int32_t);
+
+  /// Bytes one layer allocates: its K and V pools (each up to a cache line more, as
+  /// LineAlignedAllocator aligns them), an 8-bit cache's scales, and the vectors that hold them.
+  static detail::CheckedSum layer_bytes(const KvCacheConfig& c) {
+    const auto size = static_cast<index_t>(sizeof(T));
+    const index_t vectors = 2 * static_cast<index_t>(cache_line_bytes + sizeof(Pool) + sizeof(std::vector<float>));
+    const index_t scale_rows = !quantized ? 0 : adaptive_scale<T> ? c.num_pages : 1;  // per layer, K and V each
+    return detail::CheckedSum{}
+        .add({c.num_pages, c.page_size, c.heads_kv, c.head_dim, size})
+        .add({c.num_pages, c.page_size, c.heads_kv, c.head_dim_v, size})
+        .add({2, scale_rows, c.heads_kv, static_cast<index_t>(sizeof(float))})
+        .add({vectors});
   }
 
   index_t pages_for(index_t tokens) const { return tokens / page_size() + (tokens % page_size() != 0); }

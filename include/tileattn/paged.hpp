@@ -129,16 +129,16 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
 template <class T, class KV>
 kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, index_t longest, index_t num_splits,
                                index_t kv_heads_per_item) {
-  const auto round_to_tiles = [&](index_t keys) { return (keys + key_tile - 1) / key_tile * key_tile; };
+  const auto round_to_tiles = [&](index_t keys) { return ceil_div(keys, key_tile) * key_tile; };
   kernels::KeySplit split{0, split_max_query_rows};
   if (num_splits == 1 || longest == 0) return split;
   if (num_splits > 1) {
-    split.keys_per_split = round_to_tiles((longest + num_splits - 1) / num_splits);
+    split.keys_per_split = round_to_tiles(ceil_div(longest, num_splits));  // num_splits may be INT64_MAX
   } else {
     index_t keys = 0;
     for (index_t b = 0; b < p.batch(); ++b) keys += p.sequence(b).k_len * (p.heads_kv() / kv_heads_per_item);
     split.keys_per_split =
-        std::max(round_to_tiles(min_split_keys), round_to_tiles((keys + split_target_items - 1) / split_target_items));
+        std::max(round_to_tiles(min_split_keys), round_to_tiles(ceil_div(keys, split_target_items)));
   }
   if (split.keys_per_split >= longest) split.keys_per_split = 0;
   return split;
@@ -198,10 +198,8 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
   if (varlen) {
     batch = static_cast<index_t>(cu_seqlens_q.size()) - 1;
     TILEATTN_REQUIRE(batch >= 1, "cu_seqlens_q", "needs at least 2 entries (batch >= 1)");
-    call.longest_q = 0;
-    for (std::size_t b = 1; b < cu_seqlens_q.size(); ++b)
-      call.longest_q = std::max<index_t>(call.longest_q, cu_seqlens_q[b] - cu_seqlens_q[b - 1]);
-    check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", batch, q.shape[dim::seqlen], q.shape[dim::seqlen], "cu_seqlens_q");
+    call.longest_q =
+        check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", batch, q.shape[dim::seqlen], q.shape[dim::seqlen], "cu_seqlens_q");
     p.cu_seqlens_q = cu_seqlens_q.data();
     p.num_sequences = batch;  // the packed LSE was checked by paged_varlen_call
   } else {
@@ -214,7 +212,7 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
   set_kv_scales(p, options, "num_pages", k_cache.shape[dim::batch]);
   check_options(p, batch, call.longest_q, call.longest_k, options.execution);
   check_budget(options);
-  check_paged_aliasing(p, cache_seqlens, cu_seqlens_q);
+  check_aliasing(p);  // O and LSE against the block table and the lengths too
   return call;
 }
 

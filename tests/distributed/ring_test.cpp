@@ -396,6 +396,44 @@ std::string thrown_parameter(F&& f) {
   return "";
 }
 
+/// The what() of the invalid_argument f throws ("" if none).
+template <class F>
+std::string thrown_message(F&& f) {
+  try {
+    f();
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// An option that differs across ranks is reported with its values: floats as floats (issue
+// 27: a softcap of 30 read "1106247680", its bits), arrays as differing.
+TEST(Ring, DisagreementsPrintTheValues) {
+  const int P = world_size(), last = P - 1;
+  if (P == 1) return;
+  const bool on_last = world_rank() == last;
+  BackwardProblem<float> full({1, 64, 64, 4, 2, 16, 16}, 8);
+  const ShardLayout layout(64, P);
+  const std::vector<float> slopes{0.5f, 0.25f, 0.125f, 0.0625f}, other_slopes{0.5f, 0.25f, 0.125f, 0.0f};
+  const auto message = [&](auto&& change) {
+    RingShard<float> mine(full, layout);
+    ForwardOptions o;
+    change(o);
+    return thrown_message([&] { mine.forward(MPI_COMM_WORLD, o); });
+  };
+  const std::string last_has = ", rank " + std::to_string(last) + " has ";
+  std::string m = message([&](ForwardOptions& o) { o.softcap = on_last ? 30.0f : 0.0f; });
+  EXPECT_NE(m.find("softcap: differs across ranks: rank 0 has 0" + last_has + "30"), std::string::npos) << m;
+  EXPECT_EQ(m.find("1106247680"), std::string::npos) << m;
+  m = message([&](ForwardOptions& o) { o.softmax_scale = on_last ? 0.1f : 0.125f; });
+  EXPECT_NE(m.find("softmax_scale: differs across ranks: rank 0 has 0.125" + last_has + "0.100000001"),
+            std::string::npos) << m;
+  m = message([&](ForwardOptions& o) { o.alibi_slopes = on_last ? other_slopes : slopes; });
+  EXPECT_NE(m.find("alibi_slopes: differs across ranks: rank 0's and rank " + std::to_string(last) +
+                   "'s values are not the same"), std::string::npos) << m;
+}
+
 // Every rank throws the same parameter, before any transfer, and writes nothing.
 TEST(Ring, ErrorsAreCollectiveAndWriteNothing) {
   const int P = world_size(), last = P - 1;

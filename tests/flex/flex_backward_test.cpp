@@ -391,6 +391,20 @@ TEST(FlexBackwardVarlen, ThreeSequencesOneEmpty) {
   // Keys 50..60 belong to the sequence without queries: zero gradients.
   for (index_t j = 50; j < 61; ++j)
     for (index_t c = 0; c < d; ++c) ASSERT_EQ(p.dkv(0, j, 1, c), 0.0f) << "key " << j;
+  // cu_seqlens_q stored in dq's memory (issue 27, N1): rejected naming dq, nothing written
+  // (the same call's types: no new kernel).
+  std::memcpy(p.dq.data() + 7, cu_q.data(), cu_q.size() * sizeof(std::int32_t));
+  const std::vector<float> dq_before = p.dq, dk_before = p.dk;
+  const VarlenSequences in_dq{{reinterpret_cast<const std::int32_t*>(p.dq.data() + 7), cu_q.size()}, cu_k, max_q, max_k};
+  try {
+    flex_backward_varlen(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), packed(c(p.ov)), lse, packed(c(p.dov)),
+                         packed(p.dqv), packed(p.dkv), packed(p.dvv), in_dq, bias,
+                         create_block_mask(mask, 3, H, max_q, max_k, {16, 16}));
+    ADD_FAILURE() << "flex_backward_varlen accepted cu_seqlens_q inside dq";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(e.parameter(), "dq") << e.what();
+  }
+  EXPECT_TRUE(p.dq == dq_before && p.dk == dk_before);
 }
 
 // ---- Same bits for every backend, thread count and budget ----------------------------------------------

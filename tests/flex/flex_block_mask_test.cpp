@@ -13,6 +13,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -249,6 +250,28 @@ TEST(FlexBlockMaskErrors, BadArgumentsThrowByName) {
   expect_invalid([&] { create_block_mask(m, 1, 1, 17, 17, {16, 0}); }, "block");
   expect_invalid([&] { create_block_mask(m, 1, 1, 17, 17, {-4, -4}); }, "block");
   expect_invalid([&] { create_block_mask(m, 1, 1, 17, 17, {16, 16}, {Backend::serial, -1}); }, "num_threads");
+}
+
+// Issue 27, N3: the block count was unchecked int64 (a segfault at 2^62 keys, length_error
+// at INT64_MAX, 0 stored blocks for 2^70 of them). Now at most max_allocation_bytes blocks
+// (one byte each), named after the extent that passes it; the constructor checks the same.
+TEST(FlexBlockMaskErrors, BlockCountsPastTheAddressSpaceAreNamed) {
+  const flex::causal m{};
+  const index_t big = index_t{1} << 62, max = std::numeric_limits<index_t>::max();
+  expect_invalid([&] { create_block_mask(m, 512, 1, 16, big); }, "seqlen_k");
+  expect_invalid([&] { create_block_mask(m, 1, 1, 16, max); }, "seqlen_k");
+  expect_invalid([&] { create_block_mask(m, 1, 1, max, 16, {1, 16}); }, "seqlen_q");
+  expect_invalid([&] { create_block_mask(m, index_t{1} << 40, index_t{1} << 30, 16, 16); }, "heads");
+  expect_invalid([&] { create_block_mask(m, max, 1, 16, 16); }, "batch");
+  expect_invalid([&] { create_block_mask(m, 1, 1, max, max, {1, 1}); }, "seqlen_q");
+  expect_invalid([&] { BlockMask<flex::causal>(m, 1, 1, 16, max, {1, 1}); }, "seqlen_k");
+  expect_invalid([&] { BlockMask<flex::causal>(m, 0, 1, 16, 16, {}); }, "batch");
+  // Blocks as large as the extents: one block each way, no overflow in their bounds.
+  const auto one = create_block_mask(m, 1, 1, big + 1, 3, {big, max});
+  EXPECT_EQ(one.q_blocks(), 2);
+  EXPECT_EQ(one.kv_blocks(), 1);
+  EXPECT_EQ(one.kind(0, 0, 0, 0), BlockKind::partial);  // query 0 sees key 0 only
+  EXPECT_EQ(one.kind(0, 0, 1, 0), BlockKind::full);     // query 2^62 sees all 3
 }
 
 // ---- The mod library against docs/flex.md's formulas ---------------------------------------------

@@ -4,7 +4,10 @@
 // nothing is written: dQ, dK, dV, dsinks, dbias and the IO counts keep their sentinels.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <functional>
+#include <span>
+#include <tuple>
 #include <vector>
 
 #include "support/test_support.hpp"
@@ -159,6 +162,71 @@ TEST(BackwardValidation, VarlenChecksCuSeqlensAndShapes) {
   rejected(seqs, total_q - 1, "dq.shape[0]");
   run(seqs, total_q);
   EXPECT_FALSE(all_equal(dq, sentinel));
+}
+
+/// A valid backward_varlen call (2 sequences: 4 and 5 queries, 6 and 5 keys; H 2, d 8) with
+/// sinks and a bias, whose cu_seqlens a test moves into a gradient's memory.
+struct VarlenCall {
+  static constexpr index_t total_q = 9, total_k = 11, H = 2, d = 8, max_q = 5, max_k = 6;
+  std::vector<float> q = std::vector<float>(total_q * H * d, 0.5f), k = std::vector<float>(total_k * H * d, 0.25f);
+  std::vector<float> v = std::vector<float>(k.size(), 1.0f), o = std::vector<float>(q.size(), 0.0f);
+  std::vector<float> dout = std::vector<float>(q.size(), 1.0f), lse = std::vector<float>(H * total_q, 0.0f);
+  std::vector<float> sinks{0.5f, -1.0f}, bias = std::vector<float>(H * max_q * max_k, 0.1f);
+  std::vector<float> dq = std::vector<float>(q.size(), sentinel), dk = std::vector<float>(k.size(), sentinel);
+  std::vector<float> dv = std::vector<float>(v.size(), sentinel), dsinks = std::vector<float>(8, sentinel);
+  std::vector<float> dbias = std::vector<float>(bias.size(), sentinel);
+  std::vector<std::int32_t> cq{0, 4, 9}, ck{0, 6, 11};
+  std::span<const std::int32_t> cu_q = cq, cu_k = ck;
+  BackwardOptions opts;
+
+  VarlenCall() {
+    opts.sinks = sinks;
+    opts.dsinks = std::span<float>(dsinks).first(H);
+    opts.bias = {bias.data(), {1, H, max_q, max_k}, {0, max_q * max_k, max_k, 1}};
+    opts.dbias = {dbias.data(), {1, H, max_q, max_k}, {0, max_q * max_k, max_k, 1}};
+  }
+  /// Copies `cu` to element `at` of `buffer` (an output) and points `cu` at the copy.
+  static void move_into(std::span<const std::int32_t>& cu, std::vector<float>& buffer, std::size_t at) {
+    std::memcpy(buffer.data() + at, cu.data(), cu.size() * sizeof(std::int32_t));
+    cu = {reinterpret_cast<const std::int32_t*>(buffer.data() + at), cu.size()};
+  }
+  void run() {
+    backward_varlen(make_thd<const float>(q.data(), total_q, H, d), make_thd<const float>(k.data(), total_k, H, d),
+                    make_thd<const float>(v.data(), total_k, H, d), make_thd<const float>(o.data(), total_q, H, d),
+                    SavedPackedLseView{lse.data(), {H, total_q}, {total_q, 1}},
+                    make_thd<const float>(dout.data(), total_q, H, d), make_thd(dq.data(), total_q, H, d),
+                    make_thd(dk.data(), total_k, H, d), make_thd(dv.data(), total_k, H, d),
+                    VarlenSequences{cu_q, cu_k, max_q, max_k}, opts);
+  }
+  std::vector<std::vector<float>> outputs() const { return {dq, dk, dv, dsinks, dbias}; }
+};
+
+// Issue 27, N1: the kernel reads cu_seqlens while it writes the gradients, so lengths stored
+// in a gradient's memory were read back as float bits (an assertion, a budget_error after
+// partial writes, or silent acceptance). Each output against each length array.
+TEST(BackwardValidation, VarlenGradientsMustNotOverlapCuSeqlens) {
+  const auto cases = std::vector<std::tuple<const char*, bool, std::vector<float> VarlenCall::*, std::size_t>>{
+      {"dq", true, &VarlenCall::dq, 0},       {"dq", false, &VarlenCall::dq, 40},
+      {"dk", false, &VarlenCall::dk, 5},      {"dk", true, &VarlenCall::dk, 100},
+      {"dv", true, &VarlenCall::dv, 170},     {"dsinks", false, &VarlenCall::dsinks, 1},
+      {"dbias", true, &VarlenCall::dbias, 57}};
+  for (const auto& [output, is_q, buffer, at] : cases) {
+    SCOPED_TRACE(std::string(is_q ? "cu_seqlens_q" : "cu_seqlens_k") + " in " + output);
+    VarlenCall c;
+    VarlenCall::move_into(is_q ? c.cu_q : c.cu_k, c.*buffer, at);
+    const auto before = c.outputs();
+    try {
+      c.run();
+      ADD_FAILURE() << "backward_varlen accepted the call";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.parameter(), output) << e.what();
+      EXPECT_NE(std::string(e.what()).find(is_q ? "cu_seqlens_q" : "cu_seqlens_k"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(c.outputs() == before) << "a gradient (or the lengths in it) was written";
+  }
+  VarlenCall valid;
+  valid.run();
+  EXPECT_FALSE(all_equal(valid.dq, sentinel));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,6 +122,11 @@ TYPED_TEST(CacheWriteTest, StridedRowsIntoInterleavedPools) {
 
   write_kv_slots<T>(k_new, v_new, slots, pool_at(pool, 0), pool_at(pool, 1));
   EXPECT_TRUE(same_bits(pool, want));
+  // V's pages one row after K's share K's rows 1 to S - 1 (issue 27, N2): rejected.
+  PagePoolView<T> shifted = pool_at(pool, 0);
+  shifted.data += H * D;
+  EXPECT_THROW(write_kv_slots<T>(k_new, v_new, slots, pool_at(pool, 0), shifted), invalid_argument);
+  EXPECT_TRUE(same_bits(pool, want));
 }
 
 TYPED_TEST(CacheWriteTest, SkippedAndEmptyBatchesWriteNothing) {
@@ -150,6 +156,13 @@ struct Call {
   PagePoolView<float> k_cache = make_page_pool(k_pool.data(), P, S, H, D);
   PagePoolView<float> v_cache = make_page_pool(v_pool.data(), P, S, H, Dv);
   std::vector<std::int64_t> slots{0, 7, -1, 11};
+  const std::int64_t* slots_at = nullptr;  // when set, the call reads slots.size() entries from here
+
+  /// Copies the slots to float `at` of `buffer` (a pool) and has the call read them there.
+  void move_slots_into(std::vector<float>& buffer, std::size_t at) {
+    std::memcpy(buffer.data() + at, slots.data(), slots.size() * sizeof(std::int64_t));
+    slots_at = reinterpret_cast<const std::int64_t*>(buffer.data() + at);
+  }
 
   /// The parameter() of the invalid_argument the call throws ("" when it does not throw); when
   /// it throws, the pools must be bitwise unchanged.
@@ -157,7 +170,8 @@ struct Call {
     const auto k_before = k_pool, v_before = v_pool;
     std::string parameter;
     try {
-      write_kv_slots<float>(k_new, v_new, slots, k_cache, v_cache);
+      const std::span<const std::int64_t> mapping = slots_at ? std::span(slots_at, slots.size()) : std::span(slots);
+      write_kv_slots<float>(k_new, v_new, mapping, k_cache, v_cache);
     } catch (const invalid_argument& e) {
       parameter = e.parameter();
       if (what) *what = e.what();
@@ -218,6 +232,12 @@ TEST(CacheWriteChecks, EveryBadArgumentIsNamed) {
       {"k_cache", [](Call& c) { c.k_new.data = c.k_pool.data() + 7; }},
       {"k_cache", [](Call& c) { c.v_new = rows_view<const float>(c.k_pool.data() + 3, 4, 2, 4); }},
       {"v_cache", [](Call& c) { c.v_new = rows_view<const float>(c.v_pool.data() + 1, 4, 2, 4); }},
+      // Issue 27, N2: both pools are written, V's rows over K's when they overlap.
+      {"v_cache", [](Call& c) { c.v_cache = make_page_pool(c.k_pool.data() + 10, Call::P, Call::S, Call::H, Call::Dv); }},
+      {"v_cache", [](Call& c) { c.v_cache = c.k_cache; c.v_cache.shape[3] = Call::Dv; }},
+      // Issue 27, N1: slot_mapping is read while the pools are written.
+      {"k_cache", [](Call& c) { c.move_slots_into(c.k_pool, 40); }},
+      {"v_cache", [](Call& c) { c.move_slots_into(c.v_pool, 0); }},
   };
   for (const Case& test : cases) {
     Call c;

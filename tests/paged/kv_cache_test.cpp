@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 #include <span>
@@ -499,6 +500,12 @@ TEST(KvCacheConfigChecks, EveryFieldIsChecked) {
       {"head_dim_v", with(&KvCacheConfig::head_dim_v, -1)},
       {"num_pages", config(1, index_t{1} << 30, index_t{1} << 30, 1 << 10, 1)},  // 2^70 elements
       {"num_pages", config(1, 1 << 30, 1 << 30, 4, 1)},  // 2^62 floats: 2^64 bytes, past PTRDIFF_MAX
+      // Issue 27, N5: at most max_allocation_bytes (2^47) in all, checked before allocating
+      // (2^40 layers used to allocate until std::bad_alloc).
+      {"num_pages", config(1, index_t{1} << 30, 1 << 10, 16, 16)},       // one layer: 2^51 bytes
+      {"num_layers", config(index_t{1} << 40, 1, 1, 1, 1)},               // 2^40 small layers
+      {"num_layers", config(index_t{1} << 20, 1 << 20, 16, 8, 128)},      // 2^20 layers of 2^37 bytes
+      {"num_layers", config(std::numeric_limits<index_t>::max(), 1, 1, 1, 1)},
   };
   for (const Case& c : cases) {
     try {
@@ -557,6 +564,7 @@ TYPED_TEST(KvCacheTest, BadArgumentsAreNamedAndChangeNothing) {
       {"position0", [&] { c.write(1, a, 4, k1, v1); }},       // past the length
       {"position0", [&] { c.write(1, a, 3, rows(k, 2, 2, 4), rows(v, 2, 2, 5)); }},
       {"position0", [&] { c.write(1, a, -1, k1, v1); }},
+      {"position0", [&] { c.write(1, a, std::numeric_limits<index_t>::max(), k1, v1); }},  // issue 27, N4
       {"layer", [&] { c.write(2, a, 0, k1, v1); }},
       {"layer", [&] { c.write(-1, a, 0, k1, v1); }},
       {"layer", [&] { c.k_pages(2); }},

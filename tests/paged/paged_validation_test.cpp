@@ -9,6 +9,8 @@
 
 #include <climits>
 #include <functional>
+#include <limits>
+#include <tuple>
 
 #include "support/paged_support.hpp"
 
@@ -395,6 +397,8 @@ std::vector<VarlenBadCase> varlen_bad_cases() {
       {"cu_not_from_0", [](VarlenCall& c) { c.cu = {1, 2, 2, 6}; }, "cu_seqlens_q"},
       {"cu_past_total", [](VarlenCall& c) { c.cu = {0, 2, 2, 7}; }, "cu_seqlens_q"},
       {"cu_negative_start", [](VarlenCall& c) { c.cu = {-1, 2, 2, 6}; }, "cu_seqlens_q"},
+      // issue 27, N4: the longest length was computed before the check (INT32_MAX - -2 overflowed)
+      {"cu_negative_then_int32_max", [](VarlenCall& c) { c.cu = {0, -2, INT_MAX, 6}; }, "cu_seqlens_q"},
       {"cu_one_sequence_less_than_the_table", [](VarlenCall& c) { c.cu = {0, 2, 6}; }, "block_table.shape[0] (batch)"},
       {"seqlen_beyond_the_table", [](VarlenCall& c) { c.batch.seqlens[1] = 1000; }, "cache_seqlens"},
       {"table_entry_out_of_pool", [](VarlenCall& c) { c.batch.table[0] = -1; }, "block_table"},
@@ -509,6 +513,60 @@ TEST(PagedEdgeCases, EmptyPoolAndNoKeys) {
         EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return x == 0.0f; }));
         EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), is_minus_inf));
       }
+  }
+}
+
+// Issue 27, N4: num_splits = INT64_MAX overflowed in longest + num_splits - 1; it cuts as
+// any count above the longest sequence's keys does (one key tile per chunk).
+TEST(PagedEdgeCases, NumSplitsInt64Max) {
+  PagedBatch<float> batch(PagedShape{{300, 0, 700}, 1, 4, 2, 16, 0, 8, 2}, 23);
+  const auto plan = [&](index_t splits) {
+    PagedOptions opt;
+    opt.num_splits = splits;
+    opt.sram_budget_bytes = 24 * 1024;  // key tiles well below 700 keys
+    return std::pair{plan_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                                batch.o_view(), batch.lse_view(), opt), opt};
+  };
+  const auto [huge, huge_opt] = plan(std::numeric_limits<index_t>::max());
+  const auto [many, many_opt] = plan(index_t{1} << 40);
+  EXPECT_GT(many.keys_per_split(), 0);
+  EXPECT_EQ(huge.keys_per_split(), many.keys_per_split());
+  batch.run(huge_opt);
+  const auto o = batch.o;
+  batch.reset_outputs();
+  batch.run(many_opt);
+  EXPECT_TRUE(same_bits(o, batch.o));
+}
+
+// Issue 27, N4: a pool of no pages may have any page size; (len + page_size - 1) overflowed
+// at INT64_MAX. A sequence with keys needs a page the pool does not have.
+TEST(PagedEdgeCases, EmptyPoolOfTheLargestPageSize) {
+  const index_t B = 2, H = 4, Hkv = 2, D = 16, max = std::numeric_limits<index_t>::max();
+  const std::vector<float> storage(static_cast<std::size_t>(Hkv * D), 0.0f);
+  const TensorView<const float> pool{storage.data(), {0, max, Hkv, D}, {0, 0, D, 1}};
+  std::vector<float> q(static_cast<std::size_t>(B * H * D), 0.5f), o(q.size(), sentinel);
+  std::vector<float> lse(static_cast<std::size_t>(B * H), sentinel);
+  const std::vector<std::int32_t> table(static_cast<std::size_t>(B), 0);
+  const auto run = [&](std::vector<std::int32_t> seqlens, index_t columns) {
+    forward_paged(make_bshd<const float>(q.data(), B, 1, H, D), pool, pool,
+                  BlockTableView{table.data(), {B, columns}, {columns, 1}}, seqlens, make_bshd(o.data(), B, 1, H, D),
+                  make_lse(lse.data(), B, H, 1));
+  };
+  run({0, 0}, 0);
+  EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return x == 0.0f; }));
+  EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), is_minus_inf));
+  std::fill(o.begin(), o.end(), sentinel);
+  for (const auto& [seqlens, columns, parameter] :
+       {std::tuple{std::vector<std::int32_t>{0, 5}, index_t{0}, "cache_seqlens"},
+        std::tuple{std::vector<std::int32_t>{INT_MAX, 0}, index_t{0}, "cache_seqlens"},
+        std::tuple{std::vector<std::int32_t>{0, 5}, index_t{1}, "block_table"}}) {
+    try {
+      run(seqlens, columns);
+      ADD_FAILURE() << "accepted " << seqlens[0] << ", " << seqlens[1] << " keys";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.parameter(), parameter) << e.what();
+    }
+    EXPECT_TRUE(all_sentinel(o));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -494,6 +495,23 @@ TEST(QuantizedWrite, RejectsBadScalesAndWritesNothing) {
   for (auto x : kp) ASSERT_EQ(x, 7);
   for (auto x : vp) ASSERT_EQ(x, 7);
   EXPECT_EQ(ks[1], 0.0f);
+  // Issue 27: int8 scales are written while slot_mapping is read (N1), and both pools are
+  // written (N2): neither may overlap.
+  std::vector<float> held(4, 0.0f), v_held(2, 0.0f);  // K scales in held[1, 3), the slot (aligned) in [2, 4)
+  std::memcpy(held.data() + 2, &slot, sizeof slot);  // over the K scale of page 1
+  const auto* slot_in_scales = reinterpret_cast<const std::int64_t*>(held.data() + 2);
+  const auto rows_view = make_thd<const float>(rows.data(), 1, Hkv, D);
+  EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, std::span<const std::int64_t>(slot_in_scales, 1),
+                                     make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(vp.data(), pages, P, Hkv, D),
+                                     make_page_scales(held.data() + 1, pages, Hkv), make_page_scales(v_held.data(), pages, Hkv)),
+                      "k_scale");
+  EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, std::span<const std::int64_t>(&slot, 1),
+                                     make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(kp.data() + 8, pages, P, Hkv, D),
+                                     make_page_scales(ks.data(), pages, Hkv), make_page_scales(v_held.data(), pages, Hkv)),
+                      "v_cache");
+  for (auto x : kp) ASSERT_EQ(x, 7);
+  for (auto x : vp) ASSERT_EQ(x, 7);
+  EXPECT_TRUE(held[1] == 0.0f && std::memcmp(held.data() + 2, &slot, sizeof slot) == 0 && v_held[1] == 0.0f);
   // fp8: fixed scales, broadcast allowed, must be > 0.
   std::vector<fp8_e4m3> fk(kp.size()), fv(kp.size());
   float zero = 0.0f, one = 1.0f;
@@ -590,6 +608,11 @@ TEST(QuantizedCache, RejectsScalesItCannotUse) {
   EXPECT_THROW_NAMING(KvCache<fp8_e5m2>{config}, "v_scale");
   config.v_scale = {std::numeric_limits<float>::infinity()};
   EXPECT_THROW_NAMING(KvCache<fp8_e5m2>{config}, "v_scale");
+  // Issue 27, N4: num_layers x heads_kv overflowed in the scale count's check; such a cache
+  // is past the size bound, checked first.
+  config = {.num_layers = index_t{1} << 62, .num_pages = 1, .page_size = 1, .heads_kv = 2, .head_dim = 1};
+  config.k_scale = {1.0f, 2.0f, 3.0f};
+  EXPECT_THROW_NAMING(KvCache<fp8_e4m3>{config}, "num_layers");
 }
 
 }  // namespace

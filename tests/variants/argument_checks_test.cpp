@@ -5,7 +5,11 @@
 // shapes and strides, ALiBi slopes, sinks, softcap, cu_seqlens and max_seqlen.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <limits>
+#include <span>
+#include <tuple>
+#include <vector>
 
 #include "variants_support.hpp"
 
@@ -182,6 +186,27 @@ TEST(VarlenArguments, BadSlopesAndWindows) {
   const std::vector<float> two_sequences(2 * 4, 0.1f);
   expect_varlen_rejected("alibi_slopes", [&](VarlenArgs&, ForwardOptions& o) { o.alibi_slopes = two_sequences; });
   expect_varlen_rejected("window_left", [](VarlenArgs&, ForwardOptions& o) { o.window_left = -3; });
+}
+
+// The kernel reads cu_seqlens while it writes O and the LSE: neither may overlap them
+// (issue 27, N1: every varlen output against every length array it is read with).
+TEST(VarlenArguments, OutputsOverlappingCuSeqlens) {
+  const auto cases = std::vector<std::tuple<const char*, bool, index_t>>{
+      {"o", true, 0}, {"o", false, 200}, {"lse", true, 5}, {"lse", false, 0}};
+  for (const auto& [output, is_q, at] : cases) {
+    SCOPED_TRACE(std::string(is_q ? "cu_seqlens_q" : "cu_seqlens_k") + " in " + output);
+    VarlenProblem p({10, 0, 14}, {12, 5, 9}, 4, 2, 32, 105);
+    float* const where = (std::string(output) == "o" ? p.o().data : p.lse().data) + at;
+    const std::vector<std::int32_t>& cu = is_q ? p.cu_q() : p.cu_k();
+    std::memcpy(where, cu.data(), cu.size() * sizeof(std::int32_t));
+    const std::span<const std::int32_t> moved(reinterpret_cast<const std::int32_t*>(where), cu.size());
+    const VarlenSequences seqs{is_q ? moved : std::span<const std::int32_t>(p.cu_q()),
+                               is_q ? std::span<const std::int32_t>(p.cu_k()) : moved, p.max_q(), p.max_k()};
+    const std::vector<float> o_before = p.o_buffer(), lse_before = p.lse_buffer();
+    EXPECT_TRUE(throws_naming([&] { forward_varlen(p.q(), p.k(), p.v(), p.o(), p.lse(), seqs, ForwardOptions{}); },
+                              output));
+    EXPECT_TRUE(p.o_buffer() == o_before && p.lse_buffer() == lse_before) << "an output was written";
+  }
 }
 
 /// The parameter() of the invalid_argument that `call` throws ("" if none).

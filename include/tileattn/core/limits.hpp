@@ -20,6 +20,14 @@ inline constexpr int max_threads = 1024;
 /// far above any cache; each worker allocates only its plan's working set.
 inline constexpr std::size_t max_sram_budget_bytes = std::size_t{1} << 30;
 
+/// The most bytes tileattn allocates for one object whose size the arguments choose (a
+/// KvCache's pools, scales and page state; a BlockMask's block kinds): 2^47 = 128 TiB, the
+/// user address space of a process on x86-64 and AArch64 Linux with 48-bit virtual
+/// addresses (5-level page tables map higher addresses only for mmap calls that ask).
+/// Larger sizes cannot be mapped: they are invalid arguments, not a std::bad_alloc after
+/// some of the allocations were made.
+inline constexpr index_t max_allocation_bytes = index_t{1} << 47;
+
 /// The largest |ScoreOptions::diagonal_offset|: 2^48 positions, so that no position plus
 /// an offset and a window side overflows index_t.
 inline constexpr index_t max_diagonal_offset = index_t{1} << 48;

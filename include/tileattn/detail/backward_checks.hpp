@@ -63,11 +63,8 @@ void check_backward_output(const BackwardParams<T>& p, const Out& out, const std
   check_disjoint(out, name, p.out, "o");
   check_disjoint(out, name, p.dout, "dout");
   check_disjoint(out, name, p.saved_lse, "lse");
-  const auto span_view = [](std::span<const float> s) {
-    return StridedView<const float, 1>{s.data(), {static_cast<index_t>(s.size())}, {1}};
-  };
-  if (!p.sinks.empty()) check_disjoint(out, name, span_view(p.sinks), "sinks");
-  if (!p.alibi_slopes.empty()) check_disjoint(out, name, span_view(p.alibi_slopes), "alibi_slopes");
+  if (!p.sinks.empty()) check_disjoint(out, name, array_view(p.sinks), "sinks");
+  if (!p.alibi_slopes.empty()) check_disjoint(out, name, array_view(p.alibi_slopes), "alibi_slopes");
 }
 
 template <class T>

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <span>
 #include <string>
 
@@ -167,10 +168,21 @@ void set_kv_scales(ForwardParams<T, KV>& p, const ForwardOptions& options, const
   p.v_scale = resolve_kv_scale<KV>(options.v_scale, "v_scale", rows_meaning, rows, p.heads_kv());
 }
 
-/// An output must not overlap itself or any input of p.
+/// An output must not overlap the integer arrays the kernels read while writing it: the
+/// varlen cu_seqlens, the paged block table and cache_seqlens (those p points at).
+template <class T, class KV, class Out>
+void check_disjoint_from_indices(const ForwardParams<T, KV>& p, const Out& out, const std::string& name) {
+  if (p.cu_seqlens_q) check_disjoint(out, name, array_view(p.cu_seqlens_q, p.num_sequences + 1), "cu_seqlens_q");
+  if (p.cu_seqlens_k) check_disjoint(out, name, array_view(p.cu_seqlens_k, p.num_sequences + 1), "cu_seqlens_k");
+  if (p.cache_seqlens) check_disjoint(out, name, array_view(p.cache_seqlens, p.batch()), "cache_seqlens");
+  if (p.block_table.data) check_disjoint(out, name, p.block_table, "block_table");
+}
+
+/// An output must not overlap itself or any input of p (index arrays included).
 template <class T, class KV, class Out>
 void check_output(const ForwardParams<T, KV>& p, const Out& out, const std::string& name) {
   check_no_self_overlap(out, name);
+  check_disjoint_from_indices(p, out, name);
   check_disjoint(out, name, p.q, "q");
   check_disjoint(out, name, p.k, "k");
   check_disjoint(out, name, p.v, "v");
@@ -180,8 +192,7 @@ void check_output(const ForwardParams<T, KV>& p, const Out& out, const std::stri
   if (p.v_scale.data) check_disjoint(out, name, p.v_scale, "v_scale");
   for (const auto& [values, what] : {std::pair{p.alibi_slopes, "alibi_slopes"}, std::pair{p.sinks, "sinks"}})
     if (!values.empty())
-      check_disjoint(out, name, StridedView<const float, 1>{values.data(), {static_cast<index_t>(values.size())}, {1}},
-                     what);
+      check_disjoint(out, name, array_view(values), what);
 }
 
 /// Outputs must not overlap themselves, each other or any input.
@@ -193,22 +204,15 @@ void check_aliasing(const ForwardParams<T, KV>& p) {
   check_disjoint(p.lse, "lse", p.o, "o");
 }
 
-/// O and LSE must not overlap a length array the kernel reads while writing them.
-template <class T, class KV>
-void check_outputs_disjoint(const ForwardParams<T, KV>& p, std::span<const std::int32_t> lengths, const char* name) {
-  if (lengths.empty()) return;
-  const StridedView<const std::int32_t, 1> view{lengths.data(), {static_cast<index_t>(lengths.size())}, {1}};
-  check_disjoint(p.o, "o", view, name);
-  if (p.lse.data) check_disjoint(p.lse, "lse", view, name);
-}
-
 /// cu_seqlens: batch + 1 entries from 0, non-decreasing, within `total` rows, each length <= max.
-inline void check_cu_seqlens(std::span<const std::int32_t> cu, const std::string& name,
+/// Returns the longest length (computed only from entries checked: no overflow).
+inline index_t check_cu_seqlens(std::span<const std::int32_t> cu, const std::string& name,
                              index_t batch, index_t total, index_t max_len,
                              const std::string& max_name) {
   TILEATTN_REQUIRE(static_cast<index_t>(cu.size()) == batch + 1, name,
           "needs batch + 1 = " + std::to_string(batch + 1) + " entries, got " + std::to_string(cu.size()));
   TILEATTN_REQUIRE(cu[0] == 0, name, "must start at 0, got " + std::to_string(cu[0]));
+  index_t longest = 0;
   for (std::size_t b = 1; b < cu.size(); ++b) {  // messages built only on failure: batches can be long
     if (cu[b] < cu[b - 1])
       throw invalid_argument(name, "decreases at entry " + std::to_string(b) + " (" + std::to_string(cu[b - 1]) +
@@ -217,9 +221,11 @@ inline void check_cu_seqlens(std::span<const std::int32_t> cu, const std::string
       throw invalid_argument(max_name, "sequence " + std::to_string(b - 1) + " has " +
                                            std::to_string(cu[b] - cu[b - 1]) + " rows, more than " +
                                            std::to_string(max_len));
+    longest = std::max<index_t>(longest, cu[b] - cu[b - 1]);
   }
   TILEATTN_REQUIRE(cu.back() <= total, name,
           "ends at " + std::to_string(cu.back()) + ", past the " + std::to_string(total) + " rows of the buffer");
+  return longest;
 }
 
 }  // namespace tileattn::detail

@@ -57,7 +57,7 @@ inline index_t check_block_table(const StridedView<const std::int32_t, 2>& table
   for (index_t b = 0; b < batch; ++b) {
     const index_t len = seqlens[static_cast<std::size_t>(b)];
     if (len < 0) throw invalid_argument("cache_seqlens", "entry " + std::to_string(b) + " is negative: " + std::to_string(len));
-    if ((len + page_size - 1) / page_size > table.shape[1])
+    if (ceil_div(len, page_size) > table.shape[1])
       throw invalid_argument("cache_seqlens", "entry " + std::to_string(b) + " = " + std::to_string(len) +
                                                   " needs more than the block table's " + std::to_string(table.shape[1]) +
                                                   " pages of " + std::to_string(page_size) + " keys");
@@ -73,16 +73,5 @@ inline index_t check_block_table(const StridedView<const std::int32_t, 2>& table
   return longest;
 }
 
-/// The outputs must not overlap the block table or the lengths either (they are read
-/// while O is written).
-template <class T, class KV>
-void check_paged_aliasing(const ForwardParams<T, KV>& p, std::span<const std::int32_t> seqlens,
-                          std::span<const std::int32_t> cu_seqlens_q) {
-  check_aliasing(p);
-  check_outputs_disjoint(p, seqlens, "cache_seqlens");
-  check_outputs_disjoint(p, cu_seqlens_q, "cu_seqlens_q");
-  check_disjoint(p.o, "o", p.block_table, "block_table");
-  if (p.lse.data) check_disjoint(p.lse, "lse", p.block_table, "block_table");
-}
 
 }  // namespace tileattn::detail

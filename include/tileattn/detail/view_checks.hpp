@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 
 #include "tileattn/core/error.hpp"
@@ -91,27 +92,75 @@ void check_same_extent(const A& a, const std::string& a_name, const B& b,
               std::to_string(a.shape[d]) + ", got " + std::to_string(b.shape[d]));
 }
 
-/// An output must not map two indices to one element, or threads would race on it.
+/// The first dimension (by stride) whose indices may reach an element that the dimensions
+/// inside it reach too, or -1 when every index maps to its own element (a sufficient test:
+/// each stride must pass the furthest offset of the smaller ones).
 template <class T, int R>
-void check_no_self_overlap(const StridedView<T, R>& v, const std::string& name) {
-  if (v.empty()) return;  // no element: nothing to overlap
+int overlapping_dimension(const StridedView<T, R>& v) {
+  if (v.empty()) return -1;  // no element: nothing to overlap
   std::array<int, R> order{};
   for (int d = 0; d < R; ++d) order[d] = d;
   std::sort(order.begin(), order.end(), [&](int a, int b) { return v.stride[a] < v.stride[b]; });
   index_t reach = 0;  // furthest element offset reachable by the dimensions seen so far
   for (int d : order) {
     if (v.shape[d] == 1) continue;
-    TILEATTN_REQUIRE(v.stride[d] > reach, name + ".stride",
-            "dimension " + std::to_string(d) + " overlaps the dimensions inside it");
-    reach += (v.shape[d] - 1) * v.stride[d];
+    index_t span = 0;
+    if (v.stride[d] <= reach || __builtin_mul_overflow(v.shape[d] - 1, v.stride[d], &span) ||
+        __builtin_add_overflow(reach, span, &reach))
+      return d;
   }
+  return -1;
+}
+
+/// An output must not map two indices to one element, or threads would race on it.
+template <class T, int R>
+void check_no_self_overlap(const StridedView<T, R>& v, const std::string& name) {
+  const int d = overlapping_dimension(v);
+  TILEATTN_REQUIRE(d < 0, name + ".stride", "dimension " + std::to_string(d) + " overlaps the dimensions inside it");
+}
+
+/// Whether two views with overlapping address ranges still share no element: they have
+/// the same strides and the view that stacks them (one more dimension, whose stride is the
+/// distance between their bases) maps every index to its own element. So K and V pages
+/// interleaved in one buffer ([pages, 2, page_size, heads, dim], FlashInfer's layout) are
+/// disjoint; other interleavings are taken to overlap.
+template <class T, int R>
+bool interleaved(const StridedView<T, R>& a, const StridedView<T, R>& b) {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a.data), pb = reinterpret_cast<std::uintptr_t>(b.data);
+  const std::uintptr_t gap = pa < pb ? pb - pa : pa - pb;
+  if (a.stride != b.stride || gap % sizeof(T) != 0) return false;
+  StridedView<T, R + 1> both{a.data, {2}, {static_cast<index_t>(gap / sizeof(T))}};
+  for (int d = 0; d < R; ++d) {
+    both.shape[d + 1] = std::max(a.shape[d], b.shape[d]);
+    both.stride[d + 1] = a.stride[d];
+  }
+  return overlapping_dimension(both) < 0;
+}
+
+/// A contiguous array (data and a count, or a span) as a 1-D view, for the overlap checks.
+template <class E>
+StridedView<const E, 1> array_view(const E* data, index_t n) {
+  return {data, {n}, {1}};
+}
+template <class E>
+StridedView<const E, 1> array_view(std::span<E> s) {
+  return array_view<E>(s.data(), static_cast<index_t>(s.size()));
 }
 
 template <class Out, class In>
 void check_disjoint(const Out& out, const std::string& out_name, const In& in,
                     const std::string& in_name) {
   TILEATTN_REQUIRE(!byte_span(out).overlaps(byte_span(in)), out_name,
-          "overlaps " + in_name + " in memory (outputs must not alias inputs)");
+          "overlaps " + in_name + " in memory (an output must not overlap another argument)");
+}
+
+/// check_disjoint for two views of one element type that may interleave (interleaved()):
+/// they must not share an element.
+template <class T, int R>
+void check_no_shared_element(const StridedView<T, R>& out, const std::string& out_name, const StridedView<T, R>& other,
+                             const std::string& other_name) {
+  TILEATTN_REQUIRE(!byte_span(out).overlaps(byte_span(other)) || interleaved(out, other), out_name,
+                   "shares elements with " + other_name + " (an output must not overlap another argument)");
 }
 
 }  // namespace tileattn::detail

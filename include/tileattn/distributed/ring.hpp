@@ -207,10 +207,10 @@ std::vector<Field> agreed_fields(const ShardLayout& layout, const TensorView<con
           {"causal", o.causal},
           {"window_left", o.window_left},
           {"window_right", o.window_right},
-          {"softcap", float_bits(o.softcap)},
-          {"softmax_scale", float_bits(scale)},
-          {"alibi_slopes", hash_bits(o.alibi_slopes)},
-          {"sinks", hash_bits(o.sinks)},
+          float_field("softcap", o.softcap),
+          float_field("softmax_scale", scale),
+          hash_field("alibi_slopes", o.alibi_slopes),
+          hash_field("sinks", o.sinks),
           {"sinks.size", static_cast<std::int64_t>(o.sinks.size())},
           {"dsinks", dsinks}};
 }

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -142,11 +143,55 @@ class BackgroundProgress {
   std::thread thread_;
 };
 
-/// A value every rank must agree on, named as the argument it comes from.
+/// A value every rank must agree on, named as the argument it comes from: an integer, a
+/// float (its bits: float_field) or a hash of an array (hash_field), compared as int64.
 struct Field {
+  enum class Kind { integer, real, hash };
   const char* name;
   std::int64_t value;
+  Kind kind = Kind::integer;
 };
+
+/// The bits of a float, as a Field compares them.
+inline std::int64_t float_bits(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+/// A stable 64-bit hash of some floats' bits (FNV-1a), to compare option arrays across ranks.
+inline std::int64_t hash_bits(std::span<const float> values) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (float x : values) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    for (int byte = 0; byte < 4; ++byte) h = (h ^ ((bits >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(h);
+}
+
+inline Field float_field(const char* name, float x) { return {name, float_bits(x), Field::Kind::real}; }
+inline Field hash_field(const char* name, std::span<const float> values) {
+  return {name, hash_bits(values), Field::Kind::hash};
+}
+
+/// What the error says when rank r's value of a field differs from rank 0's: the two
+/// values (floats as floats, to 9 significant digits: every float is told apart), or, for
+/// an array's hash, only that the arrays differ.
+inline std::string disagreement(const Field& f, std::int64_t first, int r, std::int64_t other) {
+  const auto show = [&](std::int64_t value) {
+    if (f.kind != Field::Kind::real) return std::to_string(value);
+    float x;
+    const auto bits = static_cast<std::uint32_t>(value);
+    std::memcpy(&x, &bits, sizeof x);
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", static_cast<double>(x));
+    return std::string(text);
+  };
+  if (f.kind == Field::Kind::hash)
+    return "differs across ranks: rank 0's and rank " + std::to_string(r) + "'s values are not the same";
+  return "differs across ranks: rank 0 has " + show(first) + ", rank " + std::to_string(r) + " has " + show(other);
+}
 
 /// Runs `local_checks` (which throw tileattn::invalid_argument), then compares `fields`
 /// across the ranks of `ring`. Collective: every rank throws, or none does. A rank whose
@@ -188,9 +233,7 @@ inline void agree(const RingComm& ring, const std::function<void()>& local_check
   for (int r = 1; r < ring.size; ++r)
     for (std::size_t f = 0; f < values.size(); ++f) {
       const std::int64_t first = table[f], other = table[static_cast<std::size_t>(r) * values.size() + f];
-      TILEATTN_REQUIRE(first == other, fields[f].name,
-                       "differs across ranks: rank 0 has " + std::to_string(first) + ", rank " + std::to_string(r) +
-                           " has " + std::to_string(other));
+      TILEATTN_REQUIRE(first == other, fields[f].name, disagreement(fields[f], first, r, other));
     }
 }
 
@@ -206,23 +249,6 @@ inline void sum_in_rank_order(const RingComm& ring, std::span<float> values) {
     for (int r = 0; r < ring.size; ++r) sum += all[static_cast<std::size_t>(r) * values.size() + i];
     values[i] = sum;
   }
-}
-
-/// A stable 64-bit hash of some floats' bits (FNV-1a), to compare option arrays across ranks.
-inline std::int64_t hash_bits(std::span<const float> values) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (float x : values) {
-    std::uint32_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    for (int byte = 0; byte < 4; ++byte) h = (h ^ ((bits >> (8 * byte)) & 0xffu)) * 1099511628211ull;
-  }
-  return static_cast<std::int64_t>(h);
-}
-
-inline std::int64_t float_bits(float x) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
 }
 
 }  // namespace tileattn::ring::detail

@@ -26,6 +26,7 @@
 
 #include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/core/error.hpp"
+#include "tileattn/core/limits.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/flex/mods.hpp"
 
@@ -54,19 +55,37 @@ struct BlockKinds {
   }
 };
 
+namespace detail {
+/// Checks a block mask's extents and sizes its blocks: batch and heads >= 1, seqlens >= 0,
+/// block sizes >= 1, and at most max_allocation_bytes stored blocks (one byte each: batch x
+/// heads x q_blocks x kv_blocks), named after the extent whose factor passes the bound.
+inline BlockKinds block_kinds(index_t batch, index_t heads, index_t seqlen_q, index_t seqlen_k, BlockSize block) {
+  TILEATTN_REQUIRE(batch >= 1, "batch", "must be >= 1 (1: one mask for every sequence), got " + std::to_string(batch));
+  TILEATTN_REQUIRE(heads >= 1, "heads", "must be >= 1 (1: one mask for every head), got " + std::to_string(heads));
+  TILEATTN_REQUIRE(seqlen_q >= 0, "seqlen_q", "must be >= 0, got " + std::to_string(seqlen_q));
+  TILEATTN_REQUIRE(seqlen_k >= 0, "seqlen_k", "must be >= 0, got " + std::to_string(seqlen_k));
+  TILEATTN_REQUIRE(block.q >= 1 && block.kv >= 1, "block",
+                   "sizes must be >= 1, got " + std::to_string(block.q) + " x " + std::to_string(block.kv));
+  const BlockKinds k{nullptr, batch, heads, seqlen_q, seqlen_k, block, ceil_div(seqlen_q, block.q),
+                     ceil_div(seqlen_k, block.kv)};
+  index_t blocks = 1;
+  for (const auto& [factor, name] : {std::pair{batch, "batch"}, std::pair{heads, "heads"},
+                                     std::pair{k.q_blocks, "seqlen_q"}, std::pair{k.kv_blocks, "seqlen_k"}})
+    TILEATTN_REQUIRE(!__builtin_mul_overflow(blocks, factor, &blocks) && blocks <= max_allocation_bytes, name,
+                     "batch x heads x query blocks x key blocks = " + std::to_string(batch) + " x " +
+                         std::to_string(heads) + " x " + std::to_string(k.q_blocks) + " x " + std::to_string(k.kv_blocks) +
+                         " blocks: more than a block mask may store (max_allocation_bytes = 2^47)");
+  return k;
+}
+}  // namespace detail
+
 /// A mask_mod and the kinds of its blocks over [batch, heads, seqlen_q, seqlen_k] positions.
 template <class MaskMod>
 class BlockMask {
  public:
+  /// Every block empty; checked as create_block_mask's arguments (detail::block_kinds).
   BlockMask(MaskMod mask_mod, index_t batch, index_t heads, index_t seqlen_q, index_t seqlen_k, BlockSize block)
-      : mask_mod_(std::move(mask_mod)) {
-    kinds_.batch = batch;
-    kinds_.heads = heads;
-    kinds_.seqlen_q = seqlen_q;
-    kinds_.seqlen_k = seqlen_k;
-    kinds_.block = block;
-    kinds_.q_blocks = (seqlen_q + block.q - 1) / block.q;
-    kinds_.kv_blocks = (seqlen_k + block.kv - 1) / block.kv;
+      : mask_mod_(std::move(mask_mod)), kinds_(detail::block_kinds(batch, heads, seqlen_q, seqlen_k, block)) {
     store_.resize(static_cast<std::size_t>(batch * heads * kinds_.q_blocks * kinds_.kv_blocks), BlockKind::empty);
     kinds_.data = store_.data();
   }
@@ -131,20 +150,14 @@ BlockKind classify_block(const MaskMod& mask_mod, index_t b, index_t h, index_t 
 template <mask_mod_function MaskMod>
 BlockMask<MaskMod> create_block_mask(MaskMod mask_mod, index_t batch, index_t heads, index_t seqlen_q,
                                      index_t seqlen_k, BlockSize block = {}, const Execution& exec = {}) {
-  TILEATTN_REQUIRE(batch >= 1, "batch", "must be >= 1 (1: one mask for every sequence), got " + std::to_string(batch));
-  TILEATTN_REQUIRE(heads >= 1, "heads", "must be >= 1 (1: one mask for every head), got " + std::to_string(heads));
-  TILEATTN_REQUIRE(seqlen_q >= 0, "seqlen_q", "must be >= 0, got " + std::to_string(seqlen_q));
-  TILEATTN_REQUIRE(seqlen_k >= 0, "seqlen_k", "must be >= 0, got " + std::to_string(seqlen_k));
-  TILEATTN_REQUIRE(block.q >= 1 && block.kv >= 1, "block",
-                   "sizes must be >= 1, got " + std::to_string(block.q) + " x " + std::to_string(block.kv));
   detail::validate_execution(exec);
-  BlockMask<MaskMod> mask(std::move(mask_mod), batch, heads, seqlen_q, seqlen_k, block);
+  BlockMask<MaskMod> mask(std::move(mask_mod), batch, heads, seqlen_q, seqlen_k, block);  // checks the rest
   const index_t rows = batch * heads * mask.q_blocks();
   parallel_for(exec, rows, [&](index_t row, int) {
     const index_t qb = row % mask.q_blocks(), bh = row / mask.q_blocks(), b = bh / heads, h = bh % heads;
-    const index_t q0 = qb * block.q, q1 = std::min(seqlen_q, q0 + block.q);
+    const index_t q0 = qb * block.q, q1 = q0 + std::min(block.q, seqlen_q - q0);  // q0 + block.q may overflow
     for (index_t kb = 0; kb < mask.kv_blocks(); ++kb) {
-      const index_t k0 = kb * block.kv, k1 = std::min(seqlen_k, k0 + block.kv);
+      const index_t k0 = kb * block.kv, k1 = k0 + std::min(block.kv, seqlen_k - k0);
       mask.set_kind(b, h, qb, kb, classify_block(mask.mask_mod(), b, h, q0, q1, k0, k1));
     }
   });

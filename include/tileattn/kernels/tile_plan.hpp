@@ -75,8 +75,6 @@ inline constexpr index_t query_tile_granule = 8;  // rows of the micro-kernels' 
 inline constexpr index_t min_streamed_keys = 64;  // shorter score rows slow the micro-kernels
 inline constexpr index_t items_per_worker = 4;    // enough to even out unequal items
 inline constexpr index_t min_split_rows = 64;     // splitting for parallelism stops here
-
-constexpr index_t ceil_div(index_t a, index_t b) { return (a + b - 1) / b; }
 }  // namespace detail
 
 /// Bytes the forward kernel carves for br packed query rows and bc keys: Q (br x d),
