@@ -10,7 +10,7 @@
 // sinks with or without dsinks, bias with or without dbias (broadcast dimensions, padded
 // dbias rows), mask), the SRAM budget, backend and thread count, IO counting, NaN and Inf at
 // chosen elements of Q, K, V and dO, and then one corruption from a list of bad arguments (or
-// none). O and the LSE come from tileattn::forward on the same inputs and options (its
+// none; varlen: cu_seqlens stored in a gradient's memory among them). O and the LSE come from tileattn::forward on the same inputs and options (its
 // default budget: the backward's budget is the backward's own), run before the corruption.
 // Each backward call must either throw tileattn::invalid_argument naming its parameter with
 // dQ, dK, dV, dsinks, dbias and the IO counts untouched (bitwise), or write gradients that
@@ -147,6 +147,7 @@ struct Problem {
   bool varlen = false;
   index_t batch = 1, nq = 1, nk = 1, hq = 1, hkv = 1, d = 1, dv = 1;
   std::vector<std::int32_t> cu_q, cu_k;
+  const std::int32_t *cu_q_at = nullptr, *cu_k_at = nullptr;  // when set, the call reads cu_q / cu_k there
   index_t max_q = 0, max_k = 0;
   std::array<Buffer, tensor_count> t;  // as generated, in float (O and the gradients: sentinel)
   std::vector<float> lse;              // sentinel outside the view
@@ -309,6 +310,19 @@ TensorView<const T> in_view(const Tensors<T>& t, int i) {
 /// One bad argument (or none): the call must then throw invalid_argument, writing nothing.
 int choose_corruption(FuzzedDataProvider& in) { return in.ConsumeIntegralInRange(0, 39); }
 
+/// A copy of `lengths` at the first element of an output's view (nullptr when its buffer
+/// ends too soon, or that element is not 4-byte aligned: a 16-bit view may start anywhere).
+template <class T>
+const std::int32_t* lengths_in(const std::vector<std::int32_t>& lengths, Stored<T>& out) {
+  const std::size_t bytes = lengths.size() * sizeof(std::int32_t);
+  const auto first = static_cast<std::size_t>(out.view.data - out.data.data());
+  if ((out.data.size() - first) * sizeof(T) < bytes ||
+      reinterpret_cast<std::uintptr_t>(out.view.data) % alignof(std::int32_t) != 0)
+    return nullptr;
+  std::memcpy(out.view.data, lengths.data(), bytes);
+  return reinterpret_cast<const std::int32_t*>(out.view.data);
+}
+
 /// A few corruptions are bad only for some shapes or options (marked "maybe"); when they
 /// leave the call valid it must succeed like any other.
 template <class T>
@@ -368,6 +382,12 @@ void corrupt(int choice, Problem& p, Tensors<T>& t, std::vector<float>& spare) {
       break;
     case 26: view(tdv).data = const_cast<T*>(view(tdo).data); break;        // dV aliases dO
     case 27: o.softcap = std::numeric_limits<float>::max(); break;         // softcap * log2(e) overflows
+    case 28:  // varlen: cu_seqlens_q stored in dQ's memory (issue 27, N1)
+      if (p.varlen) p.cu_q_at = lengths_in(p.cu_q, t[tdq]);
+      break;
+    case 29:  // varlen: cu_seqlens_k stored in dK's or dV's memory (maybe: when it fits)
+      if (p.varlen) p.cu_k_at = lengths_in(p.cu_k, t[p.cu_k.size() % 2 ? tdk : tdv]);
+      break;
     default: break;  // no corruption
   }
 }
@@ -460,9 +480,12 @@ void run_backward(const Problem& p, const Tensors<T>& t, const BackwardOptions& 
   }
   const SavedPackedLseView lse{p.lse_view.data, {p.lse_view.shape[1], p.lse_view.shape[2]},
                                {p.lse_view.stride[1], p.lse_view.stride[2]}};
+  const auto cu = [](const std::vector<std::int32_t>& v, const std::int32_t* at) {
+    return std::span<const std::int32_t>(at ? at : v.data(), v.size());
+  };
   backward_varlen(packed(in_view(t, tq)), packed(in_view(t, tk)), packed(in_view(t, tv)), packed(in_view(t, to)), lse,
                   packed(in_view(t, tdo)), packed(t[tdq].view), packed(t[tdk].view), packed(t[tdv].view),
-                  {p.cu_q, p.cu_k, p.max_q, p.max_k}, opts);
+                  {cu(p.cu_q, p.cu_q_at), cu(p.cu_k, p.cu_k_at), p.max_q, p.max_k}, opts);
 }
 
 // ---- The references and the bound ------------------------------------------------------
@@ -755,6 +778,7 @@ void execute(Problem& p, int corruption, bool verbose) {
     return;
   }
   if (verbose) std::fprintf(stderr, "backward_fuzz: ran\n");
+  if (p.cu_q_at || p.cu_k_at) fail("accepted cu_seqlens stored in a gradient's memory\n  " + describe(p, t));
   if (!inputs_unchanged()) fail("wrote an input\n  " + describe(p, t));
   if (const std::string w = written_outside(p, t, grad_sentinel); !w.empty()) fail(w + "\n  " + describe(p, t));
   Buffer abs_src = absolute(p.t[tdo]);

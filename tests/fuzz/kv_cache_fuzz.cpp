@@ -4,15 +4,16 @@
 // The fuzzer's bytes choose a storage type (float, bf16, int8, fp8 e4m3, fp8 e5m2), a small
 // cache (1-3 layers, 1-8 pages so that running out happens, page size 1-17, 1-2 K/V heads,
 // head_dim and head_dim_v 1-6, fp8 scales in each of the config's four forms) or a bad
-// config, then up to 32 operations, each valid or made invalid on purpose: create, fork,
+// config (a bad field, 2^40 layers or more), then up to 32 operations, each valid or made
+// invalid on purpose: create, fork,
 // share_prefix (tokens out of range), extend (negative, past 2^31 - 1, out of pages), write
-// of the last n positions and at a position0 (bad layer, n past the length, a shared page,
+// of the last n positions and at a position0 (bad layer, n past the length, INT64_MAX, a shared page,
 // rows of the wrong shape, null, negative strides or over the cache's pages), append (the
 // same, and the wrong layer count), truncate (past the length, negative), free (twice),
 // batch, pages_needed, the pool, scale and ref_count accessors (bad layer or page), an
 // unknown or freed sequence id for each, forward_paged over a batch of live sequences, and
 // write_kv_slots into a raw pool (slot -1, out of range, repeated, a wrong count, bad
-// shapes, overlaps, and bad, broadcast or shared scales for 8-bit pools). Rows for 8-bit
+// shapes, overlaps, V's pool on K's, and bad, broadcast or shared scales for 8-bit pools). Rows for 8-bit
 // caches come in float, bf16 or fp16.
 //
 // Beside the cache runs a model: per live sequence its length, its pages and, per layer and
@@ -519,7 +520,8 @@ class Harness {
     index_t p0 = at ? in_.ConsumeIntegralInRange<index_t>(0, len - n) : len - n;
     if (what_bad == 3) {
       if (!at) n = len + 1;
-      else p0 = in_.ConsumeBool() ? -1 : len - n + 1;
+      else if (in_.ConsumeBool()) p0 = -1;
+      else p0 = in_.ConsumeBool() ? std::numeric_limits<index_t>::max() : len - n + 1;  // INT64_MAX: issue 27, N4
     }
     const RowFault rf = row_fault(what_bad == 2, false, n);
     with_row_type([&]<class S>() {
@@ -898,13 +900,17 @@ class Harness {
       PagePoolView<T> kp = make_page_pool(raw_k_.data(), raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim);
       PagePoolView<T> vp = make_page_pool(raw_v_.data(), raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim_v);
       if (fault_kind == 3) {
-        switch (in_.ConsumeIntegralInRange(0, 2)) {
+        switch (in_.ConsumeIntegralInRange(0, 3)) {
           case 0: vp.shape[1] = c_.page_size + 1; break;  // page sizes differ
           case 1:                                         // pages over one another
             if (raw_pages_ > 1) kp.stride[0] = 0;
             else kp.data = nullptr;
             break;
-          default: vp.shape[0] = raw_pages_ + 1; break;   // page counts differ
+          case 2: vp.shape[0] = raw_pages_ + 1; break;    // page counts differ
+          default:                                        // V's pages on K's (issue 27, N2)
+            if (c_.head_dim_v <= c_.head_dim) vp = {kp.data, {raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim_v}, kp.stride};
+            else kp = {vp.data, {raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim}, vp.stride};
+            break;
         }
       }
       RawScales scales;
@@ -1050,6 +1056,11 @@ bool break_config(FuzzedDataProvider& in, KvCacheConfig& c, Storage type) {
     case 9:
       if (!fp8) return false;
       c.v_scale = {in.ConsumeBool() ? 0.0f : -fuzz::inf};
+      return true;
+    case 10: c.num_layers = index_t{1} << 40; return true;  // more than the address space (issue 27, N5)
+    case 11:  // fp8: num_layers x heads_kv overflowed in the scale count's check (N4)
+      c.num_layers = fp8 ? index_t{1} << 62 : std::numeric_limits<index_t>::max();
+      if (fp8) c.k_scale.assign(static_cast<std::size_t>(c.heads_kv + 1), 1.0f);
       return true;
     default: return false;
   }

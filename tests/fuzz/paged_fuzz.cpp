@@ -13,7 +13,7 @@
 // dimension orders, padding, innermost stride 2, misaligned starts; gaps hold NaN in inputs
 // and the sentinel in O), a strided or contiguous LSE or none, every option (causal and both
 // alignments, windows, softcap, scale, ALiBi, sinks, bias, mask, num_splits with SRAM
-// budgets small enough that 60-key sequences really split, backend and thread count), NaN
+// budgets small enough that 60-key sequences really split, or INT64_MAX, backend and thread count), NaN
 // and Inf at chosen Q/K/V elements, and the storage types: K/V pools in float, bf16, fp16
 // (Q alike) or 8-bit (int8, fp8 e4m3, fp8 e5m2 with float Q; int8 with bf16 Q too:
 // execute_q says why) with PagedOptions::k_scale / v_scale per tensor, per K/V head, per
@@ -23,7 +23,7 @@
 // used entry, cache_seqlens beyond the table, negative or of the wrong count, mismatched
 // heads and head dims, scale views of the wrong extent or on 16/32-bit pools, a plan made
 // for another call, null data, bad options, bad cu_seqlens_q, aliasing outputs, negative or
-// overflowing strides, ...
+// overflowing strides, a pool of no pages of INT64_MAX keys, ...
 //
 // Every corruption makes the call invalid, so it must throw tileattn::invalid_argument
 // naming its parameter, with O and the LSE bitwise their sentinel and both pools
@@ -389,6 +389,7 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
     o.mask = {p.mask.get(), {bb, bh, sq, sk}, {bh * sq * sk, sq * sk, sk, 1}};
   }
   o.num_splits = in.ConsumeIntegralInRange(0, 3) == 0 ? 0 : in.ConsumeIntegralInRange(1, 6);
+  if (o.num_splits == 6) o.num_splits = std::numeric_limits<index_t>::max();  // as many as there are key tiles (issue 27, N4)
   // Small budgets give small key tiles, so that num_splits cuts 60-key sequences.
   p.budget_kind = in.ConsumeIntegralInRange(0, 3);
   switch (p.budget_kind) {
@@ -627,7 +628,14 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
         case 1: c.cu.back() = static_cast<std::int32_t>(p.nq + 1); return "cu_seqlens_q past the rows";
         case 2: c.cu.back() = c.cu[c.cu.size() - 2] - 1; return "cu_seqlens_q decreasing";
         case 3: c.cu.pop_back(); return "cu_seqlens_q one short";
-        default: c.cu.clear(); return "cu_seqlens_q empty";
+        default:
+          if (in.ConsumeBool() && c.cu.size() > 2) {  // INT32_MAX - -2 overflowed int (issue 27, N4)
+            c.cu[1] = -2;
+            c.cu[2] = INT_MAX;
+            return "cu_seqlens_q negative, then INT32_MAX";
+          }
+          c.cu.clear();
+          return "cu_seqlens_q empty";
       }
     case 20:  // aliasing
       switch (in.ConsumeIntegralInRange(0, 2)) {
@@ -654,7 +662,17 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
           c.lse3.stride[2] = c.lse2.stride[1] = -1;
           return "lse stride";
       }
-    case 22: c.kv.shape[1] = c.vv.shape[1] = 0; return "page_size 0";
+    case 22:
+      if (in.ConsumeBool() && std::any_of(c.seqlens.begin(), c.seqlens.end(), [](std::int32_t n) { return n > 0; })) {
+        // A pool of no pages may have any page size, but a sequence with keys needs a page
+        // (len + page_size - 1 overflowed at INT64_MAX: issue 27, N4).
+        c.kv.shape[0] = c.vv.shape[0] = 0;
+        c.kv.shape[1] = c.vv.shape[1] = std::numeric_limits<index_t>::max();
+        c.kv.stride[0] = c.kv.stride[1] = c.vv.stride[0] = c.vv.stride[1] = 0;
+        return "no pages of INT64_MAX keys";
+      }
+      c.kv.shape[1] = c.vv.shape[1] = 0;
+      return "page_size 0";
     case 23: c.vv.shape[0] += 1; return "pools' num_pages differ";
     case 24: c.table.shape[0] += 1; return "block_table batch";
     case 25:
@@ -684,7 +702,7 @@ PagedPlan mismatched_plan(FuzzedDataProvider& in, const Problem& p, Call<T, KV> 
   PagedOptions& o = other.opts;
   switch (in.ConsumeIntegralInRange(0, 5)) {
     case 0: o.causal = !o.causal; what = "plan for causal flipped"; break;
-    case 1: o.num_splits += 1; what = "plan for another num_splits"; break;
+    case 1: o.num_splits = o.num_splits == 2 ? 3 : 2; what = "plan for another num_splits"; break;
     case 2: o.window_left = o.window_left == 3 ? -1 : 3; what = "plan for another window"; break;
     case 3: o.alignment = o.alignment == MaskAlignment::top_left ? MaskAlignment::bottom_right : MaskAlignment::top_left;
             what = "plan for another alignment"; break;
