@@ -5,7 +5,9 @@
 // show the gradients are bitwise identical.
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/backward_timer.cpp
 //   ./a.out N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16]
-// Inputs Q, K, V, dO are N(0, 1) from a fixed seed, rounded to the type.
+// Inputs Q, K, V, dO are N(0, 1) from a fixed seed, rounded to the type. SCALE=x sets the
+// softmax scale (default 1/sqrt(D)); scales that take some |LSE| to 256 or more time the
+// backward's row-statistics path (docs/backward.md), which runs the forward once more.
 #include <tileattn/tileattn.hpp>
 #include <algorithm>
 #include <chrono>
@@ -37,6 +39,7 @@ int time_training(long n, long d, long hq, long hkv, bool causal, int threads, i
   BackwardOptions opts;
   opts.causal = causal;
   opts.execution = {Backend::openmp, threads};
+  if (const char* scale = std::getenv("SCALE"); scale && *scale) opts.softmax_scale = std::strtof(scale, nullptr);
   const auto Q = make_bshd<const T>(q.data(), 1, n, hq, d), K = make_bshd<const T>(k.data(), 1, n, hkv, d),
              V = make_bshd<const T>(v.data(), 1, n, hkv, d), dO = make_bshd<const T>(dout.data(), 1, n, hq, d);
   std::vector<double> s;

@@ -83,6 +83,25 @@ double unit_roundoff() {
   return std::is_same_v<T, bf16> ? 1.0 / 256 : std::is_same_v<T, fp16> ? 1.0 / 2048 : 0x1p-24;
 }
 
+/// FlashAttention's rule for one gradient: error <= 3 x the naive same-precision backward's
+/// + 2e-4, relative to the gradient's magnitude; in fp32 also under 2e-5 where `tight`.
+template <class T>
+void expect_within_rule(const std::vector<float>& got, const std::vector<double>& want,
+                        const std::vector<float>& naive_got, const std::string& name, bool tight = true) {
+  const GradError e = grad_error(got, want, name);
+  const GradError n = grad_error(naive_got, want, name + " (naive)");
+  EXPECT_EQ(e.problem, "");
+  // A naive error below one rounding to T (a tiny gradient such as a one-row dsinks can
+  // round luckily) is taken as one rounding: no implementation that stores O in T does better.
+  const double rounding = std::is_same_v<T, float> ? 0.0 : unit_roundoff<T>() * e.magnitude;
+  const double bound = 3.0 * std::max(n.max_error, rounding) + 2e-4 * e.magnitude;
+  EXPECT_LE(e.max_error, bound) << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
+  if (std::is_same_v<T, float> && tight) {
+    EXPECT_LE(e.max_error, 2e-5 * std::max(e.magnitude, 1e-3)) << name << ", magnitude " << e.magnitude;
+  }
+  EXPECT_GT(e.magnitude, 0.0) << name << " is all zeros: the check cannot fail";
+}
+
 template <class T>
 void check_case(const Case& c, Layout layout, std::uint64_t seed) {
   SCOPED_TRACE(c.name + " in " + std::string(type_name<T>()) + ", " + to_string(layout));
@@ -95,26 +114,11 @@ void check_case(const Case& c, Layout layout, std::uint64_t seed) {
   const reference::Options ref_opts = reference::Options::from(opts);
   const reference::BackwardResult ref = p.reference(ref_opts);
   const reference::NaiveBackwardF naive = p.naive(ref_opts);
-  const auto check = [&](const std::vector<float>& got, const auto& want, const std::vector<float>& naive_got,
-                         const std::string& name) {
-    const GradError e = grad_error(got, want, name);
-    const GradError n = grad_error(naive_got, want, name + " (naive)");
-    EXPECT_EQ(e.problem, "");
-    // A naive error below one rounding to T (a tiny gradient such as a one-row dsinks can
-    // round luckily) is taken as one rounding: no implementation that stores O in T does better.
-    const double rounding = std::is_same_v<T, float> ? 0.0 : unit_roundoff<T>() * e.magnitude;
-    const double bound = 3.0 * std::max(n.max_error, rounding) + 2e-4 * e.magnitude;
-    EXPECT_LE(e.max_error, bound) << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
-    if constexpr (std::is_same_v<T, float>) {
-      EXPECT_LE(e.max_error, 2e-5 * std::max(e.magnitude, 1e-3)) << name << ", magnitude " << e.magnitude;
-    }
-    EXPECT_GT(e.magnitude, 0.0) << name << " is all zeros: the check cannot fail";
-  };
-  check(p.grad_q(), ref.dq, naive.dq, "dq");
-  check(p.grad_k(), ref.dk, naive.dk, "dk");
-  check(p.grad_v(), ref.dv, naive.dv, "dv");
-  if (!extras.dsinks.empty()) check(extras.dsinks, ref.dsinks, naive.dsinks, "dsinks");
-  if (!extras.dbias.empty()) check(extras.dbias, ref.dbias, naive.dbias, "dbias");
+  expect_within_rule<T>(p.grad_q(), ref.dq, naive.dq, "dq");
+  expect_within_rule<T>(p.grad_k(), ref.dk, naive.dk, "dk");
+  expect_within_rule<T>(p.grad_v(), ref.dv, naive.dv, "dv");
+  if (!extras.dsinks.empty()) expect_within_rule<T>(extras.dsinks, ref.dsinks, naive.dsinks, "dsinks");
+  if (!extras.dbias.empty()) expect_within_rule<T>(extras.dbias, ref.dbias, naive.dbias, "dbias");
 }
 
 const std::vector<Case>& cases() {
@@ -230,17 +234,11 @@ void check_large_scores(double magnitude, bool sink_and_softcap, std::uint64_t s
   const reference::Options ref_opts = reference::Options::from(opts);
   const reference::BackwardResult ref = p.reference(ref_opts);
   const reference::NaiveBackwardF naive = p.naive(ref_opts);
-  for (const auto& [got, want, naive_got, name] :
-       {std::tuple{p.grad_q(), &ref.dq, &naive.dq, "dq"}, std::tuple{p.grad_k(), &ref.dk, &naive.dk, "dk"},
-        std::tuple{p.grad_v(), &ref.dv, &naive.dv, "dv"}}) {
-    const GradError e = grad_error(got, *want, name);
-    const GradError n = grad_error(*naive_got, *want, std::string(name) + " (naive)");
-    EXPECT_EQ(e.problem, "");
-    const double rounding = std::is_same_v<T, float> ? 0.0 : unit_roundoff<T>() * e.magnitude;
-    EXPECT_LE(e.max_error, 3.0 * std::max(n.max_error, rounding) + 2e-4 * e.magnitude)
-        << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
-    EXPECT_GT(e.magnitude, 0.0) << name;
-  }
+  // Not under fp32's tight 2e-5: at these scores a float backward's gradients cancel to a
+  // few digits (the naive's too); the rule against the exact-score naive is the test.
+  expect_within_rule<T>(p.grad_q(), ref.dq, naive.dq, "dq", false);
+  expect_within_rule<T>(p.grad_k(), ref.dk, naive.dk, "dk", false);
+  expect_within_rule<T>(p.grad_v(), ref.dv, naive.dv, "dv", false);
 }
 
 TEST(BackwardLargeScores, NearOneHotRowsAt1e4) {
