@@ -73,5 +73,4 @@ inline index_t check_block_table(const StridedView<const std::int32_t, 2>& table
   return longest;
 }
 
-
 }  // namespace tileattn::detail
