@@ -68,15 +68,15 @@ INSTANTIATE_TEST_SUITE_P(OddExtents, TileMatmul,
                                   std::to_string(std::get<2>(info.param));
                          });
 
-TEST(TileMatmulStatic, FixedColumnTiles) {
+TEST(TileMatmulForwardShapes, HeadDim80) {
   // The forward kernel's shapes: (Br, D) x (D, Bc) -> (Br, Bc), then (Br, Bc) x (Bc, D) += (Br, D).
   constexpr index_t D = 80, br = 11, bc = 29;
   ScratchArena arena(1 << 20);
-  auto q = Tile<float, D>::carve(arena, br);
+  auto q = Tile<float>::carve(arena, br, D);
   auto kt = Tile<float>::carve(arena, D, bc);
-  auto v = Tile<float, D>::carve(arena, bc);
+  auto v = Tile<float>::carve(arena, bc, D);
   auto s = Tile<float>::carve(arena, br, bc);
-  auto o = Tile<float, D>::carve(arena, br);
+  auto o = Tile<float>::carve(arena, br, D);
   for (index_t i = 0; i < br; ++i)
     for (index_t c = 0; c < D; ++c) q(i, c) = static_cast<float>((i + 2 * c) % 7) - 3.0f;
   for (index_t c = 0; c < D; ++c)

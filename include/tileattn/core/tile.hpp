@@ -1,8 +1,7 @@
 // tileattn/core/tile.hpp: SRAM tiles: aligned row-major matrices carved from a worker's scratch.
 //
 // A Tile has a capacity fixed when it is carved and a current extent (rows x cols) that a
-// kernel shrinks for the partial tiles at the end of a sequence. Cols may be fixed at
-// compile time (head_dim), so loops over a head vector unroll. Rows are padded to whole
+// kernel shrinks for the partial tiles at the end of a sequence. Rows are padded to whole
 // cache lines: row(r) is always 64-byte aligned. RowRefs is the tile a load fills without
 // copying: pointers to rows that stay in main memory (K and V read in place when few
 // query rows share them).
@@ -16,11 +15,10 @@
 
 namespace tileattn {
 
-template <class T, index_t Cols = dynamic_extent>
+template <class T>
 class Tile {
  public:
   using element_type = T;
-  static constexpr index_t static_cols = Cols;
   static constexpr index_t row_granule = static_cast<index_t>(cache_line_bytes / sizeof(T));
 
   /// Elements between consecutive rows for a tile of `cols` columns.
@@ -29,15 +27,14 @@ class Tile {
   }
 
   /// Scratch bytes a rows x cols tile takes: what the planner budgets for it.
-  static constexpr std::size_t footprint(index_t rows, index_t cols = Cols) {
+  static constexpr std::size_t footprint(index_t rows, index_t cols) {
     return round_up_to_line(static_cast<std::size_t>(rows * leading_dim(cols)) * sizeof(T));
   }
 
   Tile() = default;
 
-  static Tile carve(ScratchArena& arena, index_t rows, index_t cols = Cols) {
-    static_assert(Cols == dynamic_extent || Cols > 0);
-    assert(rows > 0 && cols > 0 && (Cols == dynamic_extent || cols == Cols));
+  static Tile carve(ScratchArena& arena, index_t rows, index_t cols) {
+    assert(rows > 0 && cols > 0);
     Tile t;
     t.ld_ = leading_dim(cols);
     t.data_ = arena.carve<T>(static_cast<std::size_t>(rows * t.ld_));
@@ -58,7 +55,7 @@ class Tile {
   }
 
   /// Shrinks (or restores) the extent in use, within the capacity carved.
-  void set_extent(index_t rows, index_t cols = Cols) {
+  void set_extent(index_t rows, index_t cols) {
     assert(rows >= 0 && rows <= capacity_rows_ && cols >= 0 && cols <= capacity_cols_);
     rows_ = rows;
     cols_ = cols;
@@ -86,10 +83,7 @@ class Tile {
   }
 
   index_t rows() const { return rows_; }
-  index_t cols() const {
-    if constexpr (Cols != dynamic_extent) return Cols;
-    else return cols_;
-  }
+  index_t cols() const { return cols_; }
   index_t ld() const { return ld_; }
   index_t capacity_rows() const { return capacity_rows_; }
   index_t capacity_cols() const { return capacity_cols_; }

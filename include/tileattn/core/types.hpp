@@ -11,9 +11,6 @@ namespace tileattn {
 /// products never overflow.
 using index_t = std::int64_t;
 
-/// Marks a tile extent that is known only at run time.
-inline constexpr index_t dynamic_extent = -1;
-
 /// Every SRAM tile row starts on a cache line (and a full AVX-512 vector).
 inline constexpr std::size_t cache_line_bytes = 64;
 
