@@ -1,10 +1,12 @@
-// tests/core/tile_test.cpp: SRAM tiles (core/tile.hpp): footprint() is exactly the bytes carve()
-// takes, rows are cache-line aligned and disjoint, extents and slices.
+// tests/core/tile_test.cpp: SRAM tiles (core/tile.hpp): footprint() is exactly the bytes
+// carve_tile() (memory/scratch_arena.hpp) takes, rows are cache-line aligned and disjoint,
+// extents and slices.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #include "tileattn/core/tile.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
 
 namespace tileattn {
 namespace {
@@ -14,7 +16,7 @@ bool line_aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 
 void check_carve(index_t rows, index_t cols) {
   ScratchArena arena(1 << 20);
   const std::size_t before = arena.used();
-  Tile<float> t = Tile<float>::carve(arena, rows, cols);
+  Tile<float> t = carve_tile<float>(arena, rows, cols);
   EXPECT_EQ(arena.used() - before, (Tile<float>::footprint(rows, cols))) << rows << " x " << cols;
   EXPECT_EQ(t.rows(), rows);
   EXPECT_EQ(t.cols(), cols);
@@ -50,15 +52,15 @@ TEST(Tile, FootprintEqualsBytesCarved) {
 
 TEST(Tile, ConsecutiveCarvesAreDisjoint) {
   ScratchArena arena(1 << 16);
-  auto a = Tile<float>::carve(arena, 5, 20);
-  auto b = Tile<float>::carve(arena, 3, 7);
+  auto a = carve_tile<float>(arena, 5, 20);
+  auto b = carve_tile<float>(arena, 3, 7);
   EXPECT_GE(reinterpret_cast<std::byte*>(b.data()),
             reinterpret_cast<std::byte*>(a.data()) + Tile<float>::footprint(5, 20));
 }
 
 TEST(Tile, ExtentAndSlices) {
   ScratchArena arena(1 << 16);
-  auto t = Tile<float>::carve(arena, 10, 20);
+  auto t = carve_tile<float>(arena, 10, 20);
   t.set_extent(4, 7);
   EXPECT_EQ(t.rows(), 4);
   EXPECT_EQ(t.cols(), 7);
@@ -75,7 +77,7 @@ TEST(Tile, ExtentAndSlices) {
   EXPECT_EQ(s(0, 5), 305.0f);
   EXPECT_EQ(s(3, 19), 619.0f);
 
-  auto wide = Tile<float>::carve(arena, 8, 64);
+  auto wide = carve_tile<float>(arena, 8, 64);
   EXPECT_EQ(wide.cols(), 64);
   wide.set_extent(3, 64);
   EXPECT_EQ(wide.rows(), 3);
@@ -85,7 +87,7 @@ TEST(Tile, ExtentAndSlices) {
 TEST(TileVector, FootprintEqualsBytesCarvedAndSlices) {
   for (index_t n : {1, 15, 16, 17, 100, 1000}) {
     ScratchArena arena(1 << 16);
-    auto v = TileVector<float>::carve(arena, n);
+    auto v = carve_tile_vector<float>(arena, n);
     EXPECT_EQ(arena.used(), TileVector<float>::footprint(n));
     EXPECT_EQ(v.size(), n);
     EXPECT_TRUE(line_aligned(v.data()));

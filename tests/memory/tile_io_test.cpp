@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "support/test_support.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 
 namespace tileattn::test {
@@ -19,7 +20,7 @@ TEST_P(TileIo, LoadRows) {
   HostTensor t({B, S, H, D}, GetParam());
   t.fill_normal(9);
   ScratchArena arena(1 << 20);
-  auto tile = Tile<float>::carve(arena, 16, D);
+  auto tile = carve_tile<float>(arena, 16, D);
   const MatrixView<const float> m = head_matrix(t.cview(), 1, 2);
   CountingIo io;
   for (auto [row0, rows] : {std::pair<index_t, index_t>{0, 16}, {5, 11}, {30, 7}, {36, 1}}) {
@@ -37,7 +38,7 @@ TEST_P(TileIo, LoadRowsTransposed) {
   HostTensor t({B, S, H, D}, GetParam());
   t.fill_normal(10);
   ScratchArena arena(1 << 20);
-  auto kt = Tile<float>::carve(arena, D, S);
+  auto kt = carve_tile<float>(arena, D, S);
   const MatrixView<const float> m = head_matrix(t.cview(), 0, 1);
   CountingIo io;
   for (auto [row0, rows] : {std::pair<index_t, index_t>{0, 37}, {3, 17}, {20, 16}, {36, 1}}) {
@@ -54,7 +55,7 @@ TEST_P(TileIo, StoreRowsWritesOnlyItsRows) {
   HostTensor t({B, S, H, D}, GetParam());
   t.fill(sentinel);
   ScratchArena arena(1 << 20);
-  auto tile = Tile<float>::carve(arena, 16, D);
+  auto tile = carve_tile<float>(arena, 16, D);
   tile.set_extent(9, D);
   for (index_t r = 0; r < 9; ++r)
     for (index_t c = 0; c < D; ++c) tile(r, c) = static_cast<float>(r * 1000 + c);

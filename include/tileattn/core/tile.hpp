@@ -1,5 +1,8 @@
 // tileattn/core/tile.hpp: SRAM tiles: aligned row-major matrices carved from a worker's scratch.
 //
+// The types only: carving them out of a ScratchArena (carve_tile, carve_row_refs,
+// carve_tile_vector) is memory/scratch_arena.hpp's, so that core needs nothing above it.
+//
 // A Tile has a capacity fixed when it is carved and a current extent (rows x cols) that a
 // kernel shrinks for the partial tiles at the end of a sequence. Rows are padded to whole
 // cache lines: row(r) is always 64-byte aligned. RowRefs is the tile a load fills without
@@ -11,7 +14,6 @@
 #include <cstddef>
 
 #include "tileattn/core/types.hpp"
-#include "tileattn/memory/scratch_arena.hpp"
 
 namespace tileattn {
 
@@ -33,18 +35,9 @@ class Tile {
 
   Tile() = default;
 
-  static Tile carve(ScratchArena& arena, index_t rows, index_t cols) {
-    assert(rows > 0 && cols > 0);
-    Tile t;
-    t.ld_ = leading_dim(cols);
-    t.data_ = arena.carve<T>(static_cast<std::size_t>(rows * t.ld_));
-    t.capacity_rows_ = t.rows_ = rows;
-    t.capacity_cols_ = t.cols_ = cols;
-    return t;
-  }
-
-  /// A rows x cols window onto memory the caller owns, ld elements between rows: how a
-  /// kernel hands a main-memory accumulator (the backward's fp32 dQ) to the tile products.
+  /// A rows x cols window onto memory the caller owns, ld elements between rows: how
+  /// carve_tile hands out scratch, and how a kernel hands a main-memory accumulator (the
+  /// backward's fp32 dQ) to the tile products.
   static Tile wrap(T* data, index_t rows, index_t cols, index_t ld) {
     Tile t;
     t.data_ = data;
@@ -100,8 +93,8 @@ class Tile {
 };
 
 /// A tile of rows read in place: row r is the main-memory row rows[r] (cols contiguous
-/// elements). Carved like a tile (Bc pointers); tile IO's load_row_refs fills it and counts
-/// the bytes the products will read.
+/// elements). Carved like a tile (Bc pointers: carve_row_refs); tile IO's load_row_refs fills
+/// it and counts the bytes the products will read.
 template <class T>
 class RowRefs {
  public:
@@ -109,9 +102,10 @@ class RowRefs {
   static constexpr std::size_t footprint(index_t rows) {
     return round_up_to_line(static_cast<std::size_t>(rows) * sizeof(const T*));
   }
-  static RowRefs carve(ScratchArena& arena, index_t capacity) {
+  /// Room for `capacity` row addresses at `rows` (memory the caller owns), none set yet.
+  static RowRefs wrap(const T** rows, index_t capacity) {
     RowRefs t;
-    t.rows_ = arena.carve<const T*>(static_cast<std::size_t>(capacity));
+    t.rows_ = rows;
     t.capacity_ = capacity;
     return t;
   }
@@ -132,16 +126,18 @@ class RowRefs {
   index_t count_ = 0, cols_ = 0, capacity_ = 0;
 };
 
-/// A per-row statistic of a query tile (running max, running sum): one float per row.
+/// A per-row statistic of a query tile (running max, running sum): one float per row
+/// (carve_tile_vector).
 template <class T>
 class TileVector {
  public:
   static constexpr std::size_t footprint(index_t size) {
     return round_up_to_line(static_cast<std::size_t>(size) * sizeof(T));
   }
-  static TileVector carve(ScratchArena& arena, index_t size) {
+  /// `size` elements at `data` (memory the caller owns).
+  static TileVector wrap(T* data, index_t size) {
     TileVector v;
-    v.data_ = arena.carve<T>(static_cast<std::size_t>(size));
+    v.data_ = data;
     v.size_ = size;
     return v;
   }

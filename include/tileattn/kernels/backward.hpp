@@ -65,28 +65,28 @@ struct BackwardTiles {
     const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
     const auto cols = [](index_t n) { return operand_cols<Op>(n); };
     BackwardTiles t;
-    t.dk = Tile<float>::carve(arena, bc, d);
-    t.dv = Tile<float>::carve(arena, bc, dv);
-    t.s = Tile<float>::carve(arena, br, bc);
-    t.ds = Tile<float>::carve(arena, br, bc);
-    if (slope) t.slope = Tile<float>::carve(arena, br, bc);
-    t.lse2 = TileVector<float>::carve(arena, br);
-    t.lse2_low = TileVector<float>::carve(arena, br);
-    t.delta = TileVector<float>::carve(arena, br);
-    t.k = Tile<Op>::carve(arena, bc, cols(d));
-    t.k_t = Tile<Op>::carve(arena, cols(d), bc);
+    t.dk = carve_tile<float>(arena, bc, d);
+    t.dv = carve_tile<float>(arena, bc, dv);
+    t.s = carve_tile<float>(arena, br, bc);
+    t.ds = carve_tile<float>(arena, br, bc);
+    if (slope) t.slope = carve_tile<float>(arena, br, bc);
+    t.lse2 = carve_tile_vector<float>(arena, br);
+    t.lse2_low = carve_tile_vector<float>(arena, br);
+    t.delta = carve_tile_vector<float>(arena, br);
+    t.k = carve_tile<Op>(arena, bc, cols(d));
+    t.k_t = carve_tile<Op>(arena, cols(d), bc);
     if constexpr (pairs) {
-      t.k_rows = Tile<Op>::carve(arena, cols(bc), d);
-      t.v = Tile<Op>::carve(arena, bc, cols(dv));
+      t.k_rows = carve_tile<Op>(arena, cols(bc), d);
+      t.v = carve_tile<Op>(arena, bc, cols(dv));
     }
-    t.v_t = Tile<Op>::carve(arena, cols(dv), bc);
-    t.q = Tile<Op>::carve(arena, br, cols(d));
-    t.dout = Tile<Op>::carve(arena, br, cols(dv));
+    t.v_t = carve_tile<Op>(arena, cols(dv), bc);
+    t.q = carve_tile<Op>(arena, br, cols(d));
+    t.dout = carve_tile<Op>(arena, br, cols(dv));
     if constexpr (pairs) {
-      t.q_rows = Tile<Op>::carve(arena, cols(br), d);
-      t.dout_rows = Tile<Op>::carve(arena, cols(br), dv);
-      t.p_op = Tile<Op>::carve(arena, cols(br), bc);
-      t.ds_op = Tile<Op>::carve(arena, br, cols(bc));
+      t.q_rows = carve_tile<Op>(arena, cols(br), d);
+      t.dout_rows = carve_tile<Op>(arena, cols(br), dv);
+      t.p_op = carve_tile<Op>(arena, cols(br), bc);
+      t.ds_op = carve_tile<Op>(arena, br, cols(bc));
     }
     return t;
   }
@@ -147,11 +147,11 @@ void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardPlan& pl
   const SequenceRange seq = p.sequence(b);
   const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
   ScratchArena& arena = worker_scratch(plan.working_set_bytes);
-  Tile<float> o = Tile<float>::carve(arena, n, p.head_dim_v());
-  Tile<float> dout = Tile<float>::carve(arena, n, p.head_dim_v());
+  Tile<float> o = carve_tile<float>(arena, n, p.head_dim_v());
+  Tile<float> dout = carve_tile<float>(arena, n, p.head_dim_v());
   load_rows(o, sequence_matrix(p.out, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
   load_rows(dout, sequence_matrix(p.dout, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
-  TileVector<float> d = TileVector<float>::carve(arena, n);
+  TileVector<float> d = carve_tile_vector<float>(arena, n);
   ops::row_dots(dout, o, d.data());
   store_vector(&st.delta_view(seq.view_batch, head, seq.q_start + r0), 1, d.data(), n, io);
 }
@@ -353,7 +353,7 @@ void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardPlan& plan
                             index_t b, index_t head, index_t tile, Io& io) {
   const SequenceRange seq = p.sequence(b);
   const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
-  Tile<float> dq = Tile<float>::carve(worker_scratch(plan.working_set_bytes), n, p.head_dim());
+  Tile<float> dq = carve_tile<float>(worker_scratch(plan.working_set_bytes), n, p.head_dim());
   const TensorView<const float> acc = st.dq_acc_view;
   load_rows(dq, sequence_matrix(acc, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
   ops::scale(dq, p.softmax_scale);

@@ -92,14 +92,14 @@ struct ForwardTiles {
   static ForwardTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
     const index_t br = plan.packed_rows(), bc = plan.key_tile_rows;
     ForwardTiles t;
-    t.q = Tile<Op>::carve(arena, br, operand_cols<Op>(d));
-    t.k_t = Tile<Op>::carve(arena, operand_cols<Op>(d), bc);
-    t.v = Tile<Op>::carve(arena, operand_cols<Op>(bc), dv);
-    t.s = Tile<float>::carve(arena, br, bc);
-    if constexpr (pairs) t.p = Tile<Op>::carve(arena, br, operand_cols<Op>(bc));
-    t.o = Tile<float>::carve(arena, br, dv);
+    t.q = carve_tile<Op>(arena, br, operand_cols<Op>(d));
+    t.k_t = carve_tile<Op>(arena, operand_cols<Op>(d), bc);
+    t.v = carve_tile<Op>(arena, operand_cols<Op>(bc), dv);
+    t.s = carve_tile<float>(arena, br, bc);
+    if constexpr (pairs) t.p = carve_tile<Op>(arena, br, operand_cols<Op>(bc));
+    t.o = carve_tile<float>(arena, br, dv);
     t.stats = ops::RowStats::carve(arena, br);
-    t.lse = TileVector<float>::carve(arena, br);
+    t.lse = carve_tile_vector<float>(arena, br);
     return t;
   }
 };
@@ -124,13 +124,13 @@ struct InPlaceTiles {
   static InPlaceTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
     const index_t br = rows(plan), bc = plan.key_tile_rows;
     InPlaceTiles t;
-    t.q = Tile<float>::carve(arena, br, d);
-    t.s = Tile<float>::carve(arena, br, bc);
-    t.o = Tile<float>::carve(arena, br, dv);
+    t.q = carve_tile<float>(arena, br, d);
+    t.s = carve_tile<float>(arena, br, bc);
+    t.o = carve_tile<float>(arena, br, dv);
     t.stats = ops::RowStats::carve(arena, br);
-    t.lse = TileVector<float>::carve(arena, br);
-    t.k_rows = RowRefs<T>::carve(arena, bc);
-    t.v_rows = RowRefs<T>::carve(arena, bc);
+    t.lse = carve_tile_vector<float>(arena, br);
+    t.k_rows = carve_row_refs<T>(arena, bc);
+    t.v_rows = carve_row_refs<T>(arena, bc);
     return t;
   }
 };
