@@ -12,6 +12,7 @@
 #include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/detail/paged_checks.hpp"
 #include "tileattn/kernels/merge.hpp"
+#include "tileattn/memory/io_counter.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 
 namespace tileattn {

@@ -11,10 +11,10 @@
 #include <optional>
 #include <span>
 
-#include "tileattn/backend/execution.hpp"
+#include "tileattn/core/execution.hpp"
+#include "tileattn/core/io_counts.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/strided_view.hpp"
-#include "tileattn/memory/io_counter.hpp"
 
 namespace tileattn {
 
@@ -76,11 +76,6 @@ using KvScaleView = StridedView<const float, 2>;
 
 /// A scale view of extents 1 x 1 for one scale shared by every key: per-tensor scaling.
 inline KvScaleView per_tensor_scale(const float* scale) { return {scale, {1, 1}, {0, 0}}; }
-
-/// One scale per K/V head ([1, heads_kv]; heads_kv floats from `scales`).
-inline KvScaleView per_head_scales(const float* scales, index_t heads_kv) {
-  return {scales, {1, heads_kv}, {0, 1}};
-}
 
 struct ForwardOptions : ScoreOptions {
   /// Multiplies Q K^T before the softmax; unset means 1 / sqrt(head_dim).
