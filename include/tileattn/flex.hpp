@@ -16,7 +16,7 @@
 // The mask argument is a mask_mod (evaluated on every score) or a BlockMask (flex/block_mask.hpp;
 // its mask_mod evaluated only in partial blocks). Every ForwardOptions option still applies,
 // before the functors: softcap, bias and ALiBi, then score_mod, then the window, causal and
-// boolean masks, then the mask_mod (ops/flex_scores.hpp; docs/flex.md). Views, storage types
+// boolean masks, then the mask_mod (flex/scores.hpp; docs/flex.md). Views, storage types
 // (float, bf16, fp16; 8-bit K/V with scales), GQA, LSE and errors are forward()'s and
 // backward()'s.
 #pragma once
@@ -26,8 +26,8 @@
 #include "tileattn/backward.hpp"
 #include "tileattn/flex/block_mask.hpp"
 #include "tileattn/flex/mods.hpp"
+#include "tileattn/flex/scores.hpp"
 #include "tileattn/forward.hpp"
-#include "tileattn/ops/flex_scores.hpp"
 
 namespace tileattn {
 
