@@ -25,7 +25,7 @@
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/backward_plan.hpp"
 #include "tileattn/kernels/backward_work_list.hpp"
-#include "tileattn/kernels/forward.hpp"
+#include "tileattn/kernels/operands.hpp"
 #include "tileattn/memory/io_counter.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"

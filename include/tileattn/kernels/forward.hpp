@@ -23,6 +23,7 @@
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/merge.hpp"
+#include "tileattn/kernels/operands.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/kernels/work_list.hpp"
 #include "tileattn/memory/io_counter.hpp"
@@ -42,24 +43,6 @@ inline constexpr bool prefetch_next_kv_tile = false;
 #else
 inline constexpr bool prefetch_next_kv_tile = true;
 #endif
-
-/// The SRAM operand type of Q, K, V and P for storage type T: bf16 pairs where the arch
-/// multiplies them natively (arch::native::bf16_dot_product), float otherwise (fp16 has no
-/// such instruction here; float tiles keep its 11-bit significands exact, where bf16 tiles
-/// would drop 3 bits: docs/precision.md).
-template <class T>
-using tile_operand_t =
-    std::conditional_t<std::is_same_v<T, bf16> && arch::native::bf16_dot_product, bf16x2, float>;
-
-template <class Op>
-inline constexpr TileOperands tile_operands_v =
-    std::is_same_v<Op, bf16x2> ? TileOperands::bf16_pairs : TileOperands::fp32;
-
-/// Operand columns that hold n values (pairs hold two).
-template <class Op>
-constexpr index_t operand_cols(index_t n) {
-  return std::is_same_v<Op, bf16x2> ? (n + 1) / 2 : n;
-}
 
 /// Query rows per K/V group (positions x query heads) up to which a sequence reads K and V
 /// in place instead of packing them into SRAM tiles: decoding and short verify steps,
@@ -174,16 +157,6 @@ struct NoTileScales {
   template <class Io>
   TileScalesRef load(index_t, index_t, Io&) { return {}; }
 };
-
-/// The [len, head_dim] matrix of one head of one sequence.
-template <class T>
-MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_t head,
-                              index_t start, index_t len) {
-  MatrixView<T> m = head_matrix(t, view_batch, head);
-  if (len > 0) m.data += start * m.row_stride;  // an empty sequence may start past the last row
-  m.rows = len;
-  return m;
-}
 
 /// K and V of a work item in contiguous [batch, seqlen, heads, head_dim] views; 8-bit ones'
 /// scales per (sequence, K/V head).
