@@ -1,6 +1,7 @@
-// The control: the kernels instantiated with every policy tileattn ships (IO policies, K/V sources, score
-// sources, built-in and flex) compile with the same flags as the cases beside it, so their
-// failures come from the concepts, not from the set-up; and each policy satisfies its concept.
+// The control: the kernels instantiated with every policy tileattn ships (IO policies, K/V
+// sources, score sources, built-in and flex) compile with the same flags as the cases beside
+// it, so their failures come from the concepts, not from the set-up; and each policy
+// satisfies its concept.
 #include "common.hpp"
 
 #include <tileattn/flex.hpp>
