@@ -27,11 +27,13 @@
 #include "tileattn/kernels/backward_work_list.hpp"
 #include "tileattn/kernels/operands.hpp"
 #include "tileattn/memory/io_counter.hpp"
+#include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/operand_layout.hpp"
 #include "tileattn/ops/score_mods.hpp"
+#include "tileattn/ops/score_source.hpp"
 #include "tileattn/ops/softmax_grad.hpp"
 
 namespace tileattn::kernels {
@@ -395,7 +397,8 @@ std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, cons
 /// A bias gradient that broadcasts over sequences or K/V heads runs pass 2 in phases, one per
 /// sequence or head, so that each of its elements sums its shares in a fixed order. `scores`
 /// gives each item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
-template <class Io, class T, class Scores = ops::BuiltinScores>
+template <io_policy Io, class T, class Scores = ops::BuiltinScores>
+  requires ops::backward_score_source<Scores, BackwardParams<T>, Io>
 IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, const Execution& exec,
                       const Scores& scores = {}, const SavedRowStats& row_stats = {}) {
   BackwardState st(p, plan, row_stats);

@@ -22,17 +22,20 @@
 #include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/kernels/kv_source.hpp"
 #include "tileattn/kernels/merge.hpp"
 #include "tileattn/kernels/operands.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/kernels/work_list.hpp"
 #include "tileattn/memory/io_counter.hpp"
+#include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
 #include "tileattn/ops/operand_layout.hpp"
 #include "tileattn/ops/score_mods.hpp"
+#include "tileattn/ops/score_source.hpp"
 
 namespace tileattn::kernels {
 
@@ -517,7 +520,8 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
 /// the HBM traffic counted (zero unless Io counts). Each worker's scratch holds exactly the
 /// plan's working set (planned for tile_operand_t<T>). Kv says where K and V live; `scores`
 /// gives each item's score modifiers.
-template <class Io, class Kv = ContiguousKv, class T, class KV, class Scores = ops::BuiltinScores>
+template <io_policy Io, class Kv = ContiguousKv, class T, class KV, class Scores = ops::BuiltinScores>
+  requires kv_source<Kv, ForwardParams<T, KV>> && ops::forward_score_source<Scores, ForwardParams<T, KV>, Io>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
                      const Execution& exec, const Scores& scores = {}) {
   using Op = tile_operand_t<T>;
@@ -555,7 +559,8 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
 }
 
 /// The same over the work list of an unsplit forward.
-template <class Io, class T, class KV, class Scores = ops::BuiltinScores>
+template <io_policy Io, class T, class KV, class Scores = ops::BuiltinScores>
+  requires ops::forward_score_source<Scores, ForwardParams<T, KV>, Io>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const Execution& exec,
                      const Scores& scores = {}) {
   return run_forward<Io>(p, plan, ForwardWorkList(p, plan, {}, in_place_heads_per_item(p, plan), scores), exec,
