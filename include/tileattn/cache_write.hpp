@@ -179,7 +179,7 @@ PageScaleView check_page_scales(const PageScaleView& scales, const char* name, c
       const float x = out(slot / page_size, h);
       if (!(std::isfinite(x) && (adaptive_scale<Q> ? x >= 0.0f : x > 0.0f)))
         throw invalid_argument(name, "entry [" + std::to_string(slot / page_size) + ", " + std::to_string(h) +
-                                         "] = " + std::to_string(x) + " must be finite and " +
+                                         "] = " + readable(x) + " must be finite and " +
                                          (adaptive_scale<Q> ? ">= 0 (0: a page that holds nothing yet)" : "> 0"));
     }
   }

@@ -95,7 +95,7 @@ inline void check_values(std::span<const float> values, const std::string& name,
     if (!(std::isfinite(x) || (allow_minus_infinity && x < 0 && std::isinf(x))))
       throw invalid_argument(name, "entry " + std::to_string(i) + " is not finite");
     if (std::isfinite(x) && std::abs(static_cast<double>(x)) > magnitude)
-      throw invalid_argument(name, "entry " + std::to_string(i) + " = " + std::to_string(x) + " is too large: " + bound);
+      throw invalid_argument(name, "entry " + std::to_string(i) + " = " + readable(x) + " is too large: " + bound);
   }
 }
 
@@ -105,8 +105,8 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
   const double max_log = max_natural_log_magnitude;
   TILEATTN_REQUIRE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f && p.softmax_scale <= max_log,
           "softmax_scale",
-          "must be finite, > 0 and at most " + std::to_string(max_log) +
-              " (scale * log2(e) must be a finite float), got " + std::to_string(p.softmax_scale));
+          "must be finite, > 0 and at most " + readable(max_natural_log_magnitude) +
+              " (scale * log2(e) must be a finite float), got " + readable(p.softmax_scale));
   if (p.diagonal_offset) {
     const index_t off = *p.diagonal_offset;
     TILEATTN_REQUIRE(off >= -max_diagonal_offset && off <= max_diagonal_offset, "diagonal_offset",
@@ -115,8 +115,8 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
   TILEATTN_REQUIRE(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
   TILEATTN_REQUIRE(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
   TILEATTN_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.0f && p.softcap <= max_log, "softcap",
-          "must be finite, >= 0 (0: off) and at most " + std::to_string(max_log) +
-              " (softcap * log2(e) must be a finite float), got " + std::to_string(p.softcap));
+          "must be finite, >= 0 (0: off) and at most " + readable(max_natural_log_magnitude) +
+              " (softcap * log2(e) must be a finite float), got " + readable(p.softcap));
   if (!p.alibi_slopes.empty()) {
     const auto n = static_cast<index_t>(p.alibi_slopes.size());
     TILEATTN_REQUIRE(n == p.heads() || n == batch * p.heads(), "alibi_slopes",
@@ -125,7 +125,7 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
     const double distance = static_cast<double>(seqlen_q + seqlen_k) +  // above any |i + offset - j|
                             std::abs(static_cast<double>(p.diagonal(seqlen_q, seqlen_k)));
     check_values(p.alibi_slopes, "alibi_slopes", false, max_log / 4 / std::max(distance, 1.0),
-                 "|slope| * (seqlen_q + seqlen_k) must stay below " + std::to_string(max_log / 4));
+                 "|slope| * (seqlen_q + seqlen_k) must stay below " + readable(max_natural_log_magnitude / 4));
   }
   if (!p.sinks.empty()) {
     TILEATTN_REQUIRE(static_cast<index_t>(p.sinks.size()) == p.heads(), "sinks",

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -15,6 +16,15 @@
 #include "tileattn/core/strided_view.hpp"
 
 namespace tileattn::detail {
+
+/// A float for an error message: the shortest text that reads back as x ("2.3587e+38",
+/// "0.125"), not std::to_string's fixed %f (39 digits for a bound near FLT_MAX, "0.000000"
+/// for a tiny value).
+inline std::string readable(float x) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, x).ptr;
+  return std::string(text, end);
+}
 
 /// Address range [begin, end) that a view's elements occupy; empty for a view with an
 /// extent of 0. Only meaningful for views that passed check_view (no overflow).
