@@ -83,7 +83,6 @@ class PagedPlan {
   const TilePlan& tiles() const { return tiles_; }
   /// Keys per split-KV chunk (0: no split).
   index_t keys_per_split() const { return split_.keys_per_split; }
-  index_t work_items() const { return work_.size(); }
   /// The partial-state rows split-KV writes (each head_dim_v + 2 floats: O, max and sum).
   index_t partial_rows() const { return work_.partial_rows(); }
 

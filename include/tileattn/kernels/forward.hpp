@@ -35,14 +35,6 @@
 
 namespace tileattn::kernels {
 
-/// Hint the next K/V tile into cache while this one is computed (docs/performance.md has
-/// the measured effect; define TILEATTN_NO_PREFETCH to compare).
-#if defined(TILEATTN_NO_PREFETCH)
-inline constexpr bool prefetch_next_kv_tile = false;
-#else
-inline constexpr bool prefetch_next_kv_tile = true;
-#endif
-
 /// The SRAM operand type of Q, K, V and P for storage type T: bf16 pairs where the arch
 /// multiplies them natively (arch::native::bf16_dot_product), float otherwise (fp16 has no
 /// such instruction here; float tiles keep its 11-bit significands exact, where bf16 tiles
@@ -460,7 +452,7 @@ void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scal
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
     load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
     const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
-    if (const index_t next = col0 + cols; prefetch_next_kv_tile && next < key_end) {
+    if (const index_t next = col0 + cols; next < key_end) {  // (docs/performance.md: its measured effect)
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
     }
