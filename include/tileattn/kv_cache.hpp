@@ -516,7 +516,7 @@ class KvCache {
     TILEATTN_REQUIRE(ok, name, "must be in " + range + ", got " + std::to_string(value));
   }
   template <class S, int R>
-  static void require_extent(const StridedView<const S, R>& view, const char* name, int d, const char* meaning,
+  static void require_extent(const StridedView<const S, R>& view, const char* name, std::size_t d, const char* meaning,
                              index_t want) {
     TILEATTN_REQUIRE(view.shape[d] == want, detail::dim_name(name, "shape", d, meaning),
                     "must equal the cache's " + std::string(meaning) + " = " + std::to_string(want) + ", got " +

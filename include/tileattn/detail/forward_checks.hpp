@@ -43,19 +43,20 @@ void check_qkvo(const StridedView<const T, R>& q, const StridedView<const KV, R>
   check_view(k, "k", names);
   check_view(v, "v", names);
   check_view(o, "o", names);
+  const auto heads = static_cast<std::size_t>(layout.heads), head_dim = static_cast<std::size_t>(layout.head_dim);
   for (int d : {layout.batch, layout.head_dim})
-    if (d >= 0) check_same_extent(q, "q", k, "k", d, names[d]);
-  TILEATTN_REQUIRE(q.shape[layout.heads] % k.shape[layout.heads] == 0,
-          dim_name("k", "shape", layout.heads, "heads"),
-          "num_heads_q = " + std::to_string(q.shape[layout.heads]) +
-              " must be a multiple of num_heads_kv = " + std::to_string(k.shape[layout.heads]));
-  for (int d = 0; d < R; ++d)
-    if (d != layout.head_dim) check_same_extent(k, "k", v, "v", d, names[d]);
-  for (int d = 0; d < R; ++d)
-    if (d != layout.head_dim) check_same_extent(q, "q", o, "o", d, names[d]);
-  check_same_extent(v, "v", o, "o", layout.head_dim, "head_dim_v");
-  check_head_dim(q.shape[layout.head_dim], "head_dim");
-  check_head_dim(v.shape[layout.head_dim], "head_dim_v");
+    if (d >= 0) check_same_extent(q, "q", k, "k", static_cast<std::size_t>(d), names[static_cast<std::size_t>(d)]);
+  TILEATTN_REQUIRE(q.shape[heads] % k.shape[heads] == 0,
+          dim_name("k", "shape", heads, "heads"),
+          "num_heads_q = " + std::to_string(q.shape[heads]) +
+              " must be a multiple of num_heads_kv = " + std::to_string(k.shape[heads]));
+  for (std::size_t d = 0; d < R; ++d)
+    if (d != head_dim) check_same_extent(k, "k", v, "v", d, names[d]);
+  for (std::size_t d = 0; d < R; ++d)
+    if (d != head_dim) check_same_extent(q, "q", o, "o", d, names[d]);
+  check_same_extent(v, "v", o, "o", head_dim, "head_dim_v");
+  check_head_dim(q.shape[head_dim], "head_dim");
+  check_head_dim(v.shape[head_dim], "head_dim_v");
 }
 
 /// An optional LSE output must have exactly the extents `want`.
@@ -64,9 +65,9 @@ void check_lse(const StridedView<float, R>& lse, const std::array<index_t, stati
                const std::array<const char*, static_cast<std::size_t>(R)>& names) {
   if (!lse.data) return;
   EmptyExtents<R> may_be_empty{};
-  for (int d = 0; d < R; ++d) may_be_empty[static_cast<std::size_t>(d)] = want[static_cast<std::size_t>(d)] == 0;
+  for (std::size_t d = 0; d < R; ++d) may_be_empty[static_cast<std::size_t>(d)] = want[static_cast<std::size_t>(d)] == 0;
   check_view(lse, "lse", names, may_be_empty);
-  for (int d = 0; d < R; ++d)
+  for (std::size_t d = 0; d < R; ++d)
     TILEATTN_REQUIRE(lse.shape[d] == want[d], dim_name("lse", "shape", d, names[d]),
             "must be " + std::to_string(want[d]) + ", got " + std::to_string(lse.shape[d]));
 }
@@ -79,7 +80,7 @@ void check_score_view(const V& v, const std::string& name, index_t batch, index_
   if (!v.data) return;
   const std::array<index_t, 4> want{batch, heads, seqlen_q, seqlen_k};
   check_view(v, name, score_dims, {false, false, seqlen_q == 0, seqlen_k == 0});
-  for (int d = 0; d < 4; ++d) {
+  for (std::size_t d = 0; d < 4; ++d) {
     const bool broadcast = (d < 2 || want[d] == 0) && v.shape[d] == 1;
     TILEATTN_REQUIRE(broadcast || v.shape[d] == want[d], dim_name(name, "shape", d, score_dims[d]),
             std::string("must be ") + (d < 2 || want[d] == 0 ? "1 or " : "") +
@@ -152,7 +153,7 @@ KvScaleView resolve_kv_scale(const KvScaleView& s, const char* name, const char*
   check_view(s, name, dims, {rows == 0, false});
   const std::array<index_t, 2> want{rows, heads_kv};
   KvScaleView out = s;
-  for (int d = 0; d < 2; ++d) {
+  for (std::size_t d = 0; d < 2; ++d) {
     TILEATTN_REQUIRE(s.shape[d] == want[d] || s.shape[d] == 1, dim_name(name, "shape", d, dims[d]),
                      "must be 1 or " + std::to_string(want[d]) + ", got " + std::to_string(s.shape[d]));
     if (s.shape[d] == 1) out.stride[d] = 0;
