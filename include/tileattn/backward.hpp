@@ -235,13 +235,16 @@ void backward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<co
 }
 
 /// One storage type for every tensor of a backward call; the gradients must be writable.
+/// Returns whether there is, as check_element_types (forward.hpp).
 template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
-constexpr void check_backward_element_types() {
-  check_element_types<Q, K, V, std::remove_const_t<O>>();
+constexpr bool check_backward_element_types() {
+  const bool forward_ok = check_element_types<Q, K, V, std::remove_const_t<O>>();
   using T = std::remove_const_t<Q>;
   static_assert(std::is_same_v<T, std::remove_const_t<DO>>, "tileattn: dout must have q's element type");
   static_assert(std::is_same_v<T, DQ> && std::is_same_v<T, DK> && std::is_same_v<T, DV>,
                 "tileattn: dq, dk and dv must have q's element type (and must not be const)");
+  return forward_ok && std::is_same_v<T, std::remove_const_t<DO>> && std::is_same_v<T, DQ> &&
+         std::is_same_v<T, DK> && std::is_same_v<T, DV>;
 }
 
 }  // namespace detail
@@ -256,8 +259,8 @@ template <class Q, class K, class V, class O, class DO, class DQ, class DK, clas
 void backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
               SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq, const TensorView<DK>& dk,
               const TensorView<DV>& dv, const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true);
+  if constexpr (detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>())
+    detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true);
 }
 
 /// backward() over packed variable-length batches (FlashAttention's varlen backward):
@@ -267,8 +270,8 @@ void backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packe
                      const PackedView<O>& o, SavedPackedLseView lse, const PackedView<DO>& dout,
                      const PackedView<DQ>& dq, const PackedView<DK>& dk, const PackedView<DV>& dv,
                      const VarlenSequences& seqs, const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::backward_varlen<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options);
+  if constexpr (detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>())
+    detail::backward_varlen<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options);
 }
 
 }  // namespace tileattn

@@ -79,7 +79,7 @@ template <class T, class U>
 void check_rows_match_pool(const StridedView<T, 3>& rows, const std::string& rows_name,
                            const std::array<const char*, 3>& rows_dims, const PagePoolView<U>& pool,
                            const std::string& pool_name) {
-  for (int d : {1, 2})
+  for (std::size_t d : {1u, 2u})
     TILEATTN_REQUIRE(rows.shape[d] == pool.shape[d + 1], dim_name(rows_name, "shape", d, rows_dims[d]),
             "must equal " + pool_name + ".shape[" + std::to_string(d + 1) + "] = " +
                 std::to_string(pool.shape[d + 1]) + ", got " + std::to_string(rows.shape[d]));
@@ -156,7 +156,7 @@ PageScaleView check_page_scales(const PageScaleView& scales, const char* name, c
   check_view(scales, name, dims);
   const std::array<index_t, 2> want{pool.shape[0], pool.shape[2]};
   PageScaleView out = scales;
-  for (int d = 0; d < 2; ++d) {
+  for (std::size_t d = 0; d < 2; ++d) {
     const bool broadcast = !adaptive_scale<Q> && scales.shape[d] == 1;
     TILEATTN_REQUIRE(broadcast || scales.shape[d] == want[d], dim_name(name, "shape", d, dims[d]),
                      std::string("must be ") + (adaptive_scale<Q> ? "" : "1 or ") + std::to_string(want[d]) +
@@ -179,7 +179,7 @@ PageScaleView check_page_scales(const PageScaleView& scales, const char* name, c
       const float x = out(slot / page_size, h);
       if (!(std::isfinite(x) && (adaptive_scale<Q> ? x >= 0.0f : x > 0.0f)))
         throw invalid_argument(name, "entry [" + std::to_string(slot / page_size) + ", " + std::to_string(h) +
-                                         "] = " + std::to_string(x) + " must be finite and " +
+                                         "] = " + readable(x) + " must be finite and " +
                                          (adaptive_scale<Q> ? ">= 0 (0: a page that holds nothing yet)" : "> 0"));
     }
   }

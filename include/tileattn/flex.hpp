@@ -58,22 +58,25 @@ auto flex_scores(const ScoreMod& score_mod, const Mask& mask) {
   }
 }
 
+/// Each check returns whether it passed, as check_element_types (forward.hpp).
 template <class ScoreMod, class Mask>
-constexpr void check_flex_types() {
+constexpr bool check_flex_types() {
   static_assert(score_mod_function<ScoreMod>,
                 "tileattn: a score_mod must be callable as float(float score, index_t b, index_t h, index_t q_idx, "
                 "index_t kv_idx) (tileattn::flex::no_score_mod for none; flex/mods.hpp)");
   static_assert(mask_mod_function<typename mask_mod_type<Mask>::type>,
                 "tileattn: the mask must be a tileattn::BlockMask or callable as bool(index_t b, index_t h, "
                 "index_t q_idx, index_t kv_idx) (tileattn::flex::no_mask for none; flex/mods.hpp)");
+  return score_mod_function<ScoreMod> && mask_mod_function<typename mask_mod_type<Mask>::type>;
 }
 
 template <class ScoreMod>
-constexpr void check_flex_grad() {
+constexpr bool check_flex_grad() {
   static_assert(score_mod_with_grad<ScoreMod>,
                 "tileattn: flex_backward needs the derivative of the score_mod: give it a member "
                 "grad(score, b, h, q_idx, kv_idx) returning d score_mod / d score, or pair it with its "
                 "derivative: tileattn::flex::with_grad{score_mod, derivative}");
+  return score_mod_with_grad<ScoreMod>;
 }
 }  // namespace detail
 
@@ -82,9 +85,9 @@ constexpr void check_flex_grad() {
 template <class Q, class K, class V, class O, class ScoreMod, class Mask>
 void flex_forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
                   LseView lse, const ScoreMod& score_mod, const Mask& mask, const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::forward_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, options, detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>())
+    detail::forward_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, options, detail::flex_scores(score_mod, mask));
 }
 
 /// flex_forward() without the log-sum-exp output.
@@ -102,10 +105,10 @@ template <class Q, class K, class V, class O, class ScoreMod, class Mask>
 void flex_forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
                          const PackedView<O>& o, PackedLseView lse, const VarlenSequences& seqs,
                          const ScoreMod& score_mod, const Mask& mask, const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::forward_varlen_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options,
-                                                           detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>())
+    detail::forward_varlen_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options,
+                                                             detail::flex_scores(score_mod, mask));
 }
 
 /// The gradients of a flex_forward() call (backward()'s contract): the same score_mod and
@@ -116,10 +119,10 @@ void flex_backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorV
                    SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq, const TensorView<DK>& dk,
                    const TensorView<DV>& dv, const ScoreMod& score_mod, const Mask& mask,
                    const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::check_flex_grad<ScoreMod>();
-  detail::backward_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  constexpr bool mods_ok = detail::check_flex_types<ScoreMod, Mask>() && detail::check_flex_grad<ScoreMod>();
+  if constexpr (types_ok && mods_ok)
+    detail::backward_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, detail::flex_scores(score_mod, mask));
 }
 
 /// flex_backward() over packed variable-length batches (backward_varlen()'s layout).
@@ -129,11 +132,11 @@ void flex_backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const 
                           const PackedView<DQ>& dq, const PackedView<DK>& dk, const PackedView<DV>& dv,
                           const VarlenSequences& seqs, const ScoreMod& score_mod, const Mask& mask,
                           const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::check_flex_grad<ScoreMod>();
-  detail::backward_varlen_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options,
-                                     detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  constexpr bool mods_ok = detail::check_flex_types<ScoreMod, Mask>() && detail::check_flex_grad<ScoreMod>();
+  if constexpr (types_ok && mods_ok)
+    detail::backward_varlen_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options,
+                                       detail::flex_scores(score_mod, mask));
 }
 
 }  // namespace tileattn

@@ -65,9 +65,11 @@ PlanShape plan_shape(const TensorView<T>& q, const TensorView<K>& k, const Tenso
 }
 
 /// One storage type for Q and O, one for K and V: Q's, or an 8-bit type with scales (Q/K/V
-/// may be const or not; O may not).
+/// may be const or not; O may not). Returns whether they are, so that an entry point can
+/// skip the kernels when they are not (`if constexpr`): the failed static_assert is then the
+/// only error, not the first of ~300 lines from inside the kernels (issue 28).
 template <class Q, class K, class V, class O>
-constexpr void check_element_types() {
+constexpr bool check_element_types() {
   using T = std::remove_const_t<Q>;
   using KV = std::remove_const_t<K>;
   static_assert(storage_type<T>,
@@ -79,6 +81,8 @@ constexpr void check_element_types() {
   static_assert(std::is_same_v<T, KV> || quantized_type<KV>,
                 "tileattn: K and V must have Q's element type, or an 8-bit one with scales "
                 "(tileattn::fp8_e4m3, fp8_e5m2 or std::int8_t: core/quantized_types.hpp)");
+  return storage_type<T> && std::is_same_v<T, O> && std::is_same_v<KV, std::remove_const_t<V>> &&
+         (std::is_same_v<T, KV> || quantized_type<KV>);
 }
 }  // namespace detail
 
@@ -219,8 +223,8 @@ void forward_varlen(PackedView<const T> q, PackedView<const KV> k, PackedView<co
 template <class Q, class K, class V, class O>
 void forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
              const TensorView<O>& o, LseView lse, const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options);
+  if constexpr (detail::check_element_types<Q, K, V, O>())
+    detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options);
 }
 
 /// forward() without the log-sum-exp output.
@@ -239,8 +243,8 @@ template <class Q, class K, class V, class O>
 void forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
                     const PackedView<O>& o, PackedLseView lse, const VarlenSequences& seqs,
                     const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::forward_varlen<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options);
+  if constexpr (detail::check_element_types<Q, K, V, O>())
+    detail::forward_varlen<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options);
 }
 
 }  // namespace tileattn

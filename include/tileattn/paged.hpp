@@ -83,7 +83,6 @@ class PagedPlan {
   const TilePlan& tiles() const { return tiles_; }
   /// Keys per split-KV chunk (0: no split).
   index_t keys_per_split() const { return split_.keys_per_split; }
-  index_t work_items() const { return work_.size(); }
   /// The partial-state rows split-KV writes (each head_dim_v + 2 floats: O, max and sum).
   index_t partial_rows() const { return work_.partial_rows(); }
 
@@ -271,7 +270,7 @@ PagedCall<T, KV> paged_varlen_call(const PackedView<const T>& q, std::span<const
   TILEATTN_REQUIRE(!cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
   check_view(q, "q", packed_layout.names, {true, false, false});  // named in the packed layout
   check_view(o, "o", packed_layout.names, {true, false, false});
-  for (int d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
+  for (std::size_t d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const LseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   return paged_call<T, KV>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o), lse3,

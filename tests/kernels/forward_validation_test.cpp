@@ -283,6 +283,19 @@ TEST(ForwardRejection, OptionValuesThatOverflowInLog2Units) {
   }
 }
 
+TEST(ForwardRejection, ScaleMessageGivesItsBoundReadably) {  // issue 28: not as a 39-digit number
+  Call c;
+  c.opts.softmax_scale = 3e38f;
+  try {
+    c.run();
+    ADD_FAILURE() << "accepted softmax_scale 3e38";
+  } catch (const invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("at most 2.3586574e+38 "), std::string::npos) << message;
+    EXPECT_NE(message.find("got 3e+38"), std::string::npos) << message;
+  }
+}
+
 // ---- What must be accepted -------------------------------------------------------------------
 
 TEST(ForwardAccepts, NullLseWritesOAndNothingElse) {

@@ -39,13 +39,6 @@
 
 namespace tileattn::kernels {
 
-/// Hint the next K/V tile into cache while this one is computed (docs/performance.md has
-/// the measured effect; define TILEATTN_NO_PREFETCH to compare).
-#if defined(TILEATTN_NO_PREFETCH)
-inline constexpr bool prefetch_next_kv_tile = false;
-#else
-inline constexpr bool prefetch_next_kv_tile = true;
-#endif
 
 /// Query rows per K/V group (positions x query heads) up to which a sequence reads K and V
 /// in place instead of packing them into SRAM tiles: decoding and short verify steps,
@@ -436,7 +429,7 @@ void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scal
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
     load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
     const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
-    if (const index_t next = col0 + cols; prefetch_next_kv_tile && next < key_end) {
+    if (const index_t next = col0 + cols; next < key_end) {  // (docs/performance.md: its measured effect)
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
     }
