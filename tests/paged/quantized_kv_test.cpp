@@ -651,7 +651,7 @@ void check_head_grouping() {
                                  make_bshd<const KV>(v.data(), B, Nk, Hkv, D), make_bshd(o.data(), B, N, H, D),
                                  make_lse(lse.data(), B, H, N), opt);
     detail::set_kv_scales(p, opt, "batch", B);
-    const TilePlan plan = plan_forward(detail::plan_shape(p.q, p.k, p.v, B, N, Nk), opt);
+    const TilePlan plan = forward_tiles(detail::plan_shape(p.q, p.k, p.v, B, N, Nk), opt);
     EXPECT_EQ(kernels::in_place_heads_per_item(p, plan), sizeof(KV) == 1 ? Hkv : 1);  // 8-bit: all grouped
     kernels::run_forward<NoIoCounting>(p, plan, kernels::ForwardWorkList(p, plan, {}, heads_per_item), opt.execution);
     std::vector<float> out = as_floats(o);
