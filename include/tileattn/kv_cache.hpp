@@ -246,10 +246,10 @@ class KvCache {
       slots[static_cast<std::size_t>(i)] = page * page_size() + (position0 + i) % page_size();
     }
     if constexpr (quantized) {
-      write_kv_slots(k_new, v_new, slots, k_pages(layer), v_pages(layer), scales_view(k_scales_, layer),
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, scales_view(k_scales_, layer),
                      scales_view(v_scales_, layer));
     } else {
-      write_kv_slots<T>(k_new, v_new, slots, k_pages(layer), v_pages(layer));
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots);
     }
   }
 

@@ -37,8 +37,8 @@ void run_every_entry_point() {
 
   forward(in, in, in, out, make_lse(lse.data(), 1, 1, seqlen));
   backward(in, in, in, TensorView<const T>(out), saved_lse, in, grad(dq), grad(dk), grad(dv));
-  flex_forward(in, in, in, out, flex::no_score_mod{}, flex::no_mask{});
-  flex_backward(in, in, in, TensorView<const T>(out), saved_lse, in, grad(dq), grad(dk), grad(dv),
+  forward_flex(in, in, in, out, flex::no_score_mod{}, flex::no_mask{});
+  backward_flex(in, in, in, TensorView<const T>(out), saved_lse, in, grad(dq), grad(dk), grad(dv),
                 flex::no_score_mod{}, flex::no_mask{});
   EXPECT_TRUE(all_finite(o) && all_finite(dq) && all_finite(dk) && all_finite(dv));
 

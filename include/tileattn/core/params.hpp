@@ -94,6 +94,11 @@ struct ForwardOptions : ScoreOptions {
 /// The backward's options: the forward's (they must be the ones the forward ran with), and
 /// the gradients of the two trained score parameters, written when the caller asks.
 struct BackwardOptions : ForwardOptions {
+  BackwardOptions() = default;
+  /// The backward of a forward that ran with `forward` (docs/api.md): its options, with no
+  /// gradient of the score parameters asked for yet.
+  explicit BackwardOptions(const ForwardOptions& forward) : ForwardOptions(forward) {}
+
   /// d(loss)/d(sinks[h]), heads_q entries (needs sinks); empty: not computed.
   std::span<float> dsinks{};
   /// d(loss)/d(bias), the bias's own shape: dimensions it broadcasts (extent 1) are summed

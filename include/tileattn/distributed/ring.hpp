@@ -3,8 +3,8 @@
 // shard of Q, K, V (distributed/shard.hpp says which rows).
 //
 //   tileattn::ring::ShardLayout layout(N, P);  // zig-zag: balanced under a causal mask
-//   tileattn::ring::ring_forward(MPI_COMM_WORLD, layout, q, k, v, o, lse, opts);
-//   tileattn::ring::ring_backward(MPI_COMM_WORLD, layout, q, k, v, o, lse, dout, dq, dk, dv, bopts);
+//   tileattn::ring::forward(MPI_COMM_WORLD, layout, q, k, v, o, lse, opts);
+//   tileattn::ring::backward(MPI_COMM_WORLD, layout, q, k, v, o, lse, dout, dq, dk, dv, bopts);
 //
 // Forward: each rank keeps its queries; the K/V blocks travel around the ring (rank r sends
 // to r+1), P - 1 steps, the next block received (MPI_Isend / MPI_Irecv) while the current
@@ -477,7 +477,7 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
 /// the same bits on every run). q, k, v, o: [batch, layout.local_len(rank), heads, dim]
 /// shards as shard() cuts them; every rank calls with the same layout, shapes and options.
 template <class Q, class K, class V, class O>
-void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
                   const TensorView<V>& v, const TensorView<O>& o, LseView lse, const ForwardOptions& options = {},
                   RingStats* stats = nullptr) {
   checked::check_element_types<Q, K, V, O>();
@@ -486,19 +486,19 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>&
   detail::ring_forward<O>(comm, layout, q, k, v, o, lse, options, stats);
 }
 
-/// ring_forward() without the log-sum-exp output.
+/// ring::forward() without the log-sum-exp output.
 template <class Q, class K, class V, class O>
-void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
                   const TensorView<V>& v, const TensorView<O>& o, const ForwardOptions& options = {},
                   RingStats* stats = nullptr) {
-  ring_forward(comm, layout, q, k, v, o, LseView{}, options, stats);
+  forward(comm, layout, q, k, v, o, LseView{}, options, stats);
 }
 
-/// The gradients of ring_forward: dq, dk, dv of this rank's shard (dk and dv summed over
+/// The gradients of ring::forward: dq, dk, dv of this rank's shard (dk and dv summed over
 /// every rank's queries), and options.dsinks summed over all ranks. o and lse are the
 /// forward's outputs on this rank; options the forward's.
 template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
-void ring_backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+void backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
                    const TensorView<V>& v, const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout,
                    const TensorView<DQ>& dq, const TensorView<DK>& dk, const TensorView<DV>& dv,
                    const BackwardOptions& options = {}, RingStats* stats = nullptr) {

@@ -63,7 +63,7 @@ struct BackwardTiles {
   Tile<float> slope;   // (Br, Bc) the modified score's derivative (softcap or a score_mod only)
   TileVector<float> lse2, lse2_low, delta;  // (Br) P's shift in log2 units (two parts: load_shift), D
 
-  static BackwardTiles carve(ScratchArena& arena, const BackwardPlan& plan, index_t d, index_t dv, bool slope) {
+  static BackwardTiles carve(ScratchArena& arena, const BackwardTilePlan& plan, index_t d, index_t dv, bool slope) {
     const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
     const auto cols = [](index_t n) { return operand_cols<Op>(n); };
     BackwardTiles t;
@@ -132,7 +132,7 @@ struct BackwardState {
   SavedRowStats row_stats;
 
   template <class T>
-  BackwardState(const BackwardParams<T>& p, const BackwardPlan& plan, const SavedRowStats& stats = {})
+  BackwardState(const BackwardParams<T>& p, const BackwardTilePlan& plan, const SavedRowStats& stats = {})
       : dq_acc(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2] * p.q.shape[3]), 0.0f),
         delta(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2]), 0.0f),
         dq_acc_view(make_bhsd(dq_acc.data(), p.q.shape[0], p.q.shape[2], p.q.shape[1], p.q.shape[3])),
@@ -144,7 +144,7 @@ struct BackwardState {
 
 /// Pass 1 for one (sequence, head, query tile): D = rowsum(dO * O) in fp32.
 template <class T, class Io>
-void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardPlan& plan, const BackwardState& st,
+void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardTilePlan& plan, const BackwardState& st,
                               index_t b, index_t head, index_t tile, Io& io) {
   const SequenceRange seq = p.sequence(b);
   const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
@@ -313,7 +313,7 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
 
 /// Pass 2 for one work item: dK and dV of one key tile, summed over the group's query heads.
 template <class T, class Op, class Scores, class Io>
-void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, const KeyBlock& blk,
+void backward_key_block(const BackwardParams<T>& p, const BackwardTilePlan& plan, const KeyBlock& blk,
                         BackwardState& st, BackwardTiles<Op>& t, const Scores& scores, Io& io) {
   const SequenceRange& seq = blk.range;
   const auto mods = scores(p, blk.sequence, seq);
@@ -351,7 +351,7 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, co
 
 /// Pass 3 for one (sequence, head, query tile): dQ = scale * dQ_acc, rounded once.
 template <class T, class Io>
-void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardPlan& plan, const BackwardState& st,
+void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardTilePlan& plan, const BackwardState& st,
                             index_t b, index_t head, index_t tile, Io& io) {
   const SequenceRange seq = p.sequence(b);
   const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
@@ -385,7 +385,7 @@ void sink_gradients(const BackwardParams<T>& p, const BackwardState& st, Io& io)
 
 /// (sequence, head, query tile) triples of the whole batch, for passes 1 and 3.
 template <class T>
-std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, const BackwardPlan& plan) {
+std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, const BackwardTilePlan& plan) {
   std::vector<std::array<index_t, 3>> tiles;
   for (index_t b = 0; b < p.batch(); ++b)
     for (index_t h = 0; h < p.heads(); ++h)
@@ -399,7 +399,7 @@ std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, cons
 /// gives each item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
 template <io_policy Io, class T, class Scores = ops::BuiltinScores>
   requires ops::backward_score_source<Scores, BackwardParams<T>, Io>
-IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, const Execution& exec,
+IoCounts run_backward(const BackwardParams<T>& p, const BackwardTilePlan& plan, const Execution& exec,
                       const Scores& scores = {}, const SavedRowStats& row_stats = {}) {
   BackwardState st(p, plan, row_stats);
   const index_t workers = worker_count(exec);

@@ -60,7 +60,7 @@ std::pair<index_t, index_t> rows_visiting(const Window& w, index_t q_len, index_
 class BackwardWorkList {
  public:
   template <class T>
-  BackwardWorkList(const BackwardParams<T>& p, const BackwardPlan& plan, index_t seq_begin,
+  BackwardWorkList(const BackwardParams<T>& p, const BackwardTilePlan& plan, index_t seq_begin,
                    index_t seq_end, index_t kv_begin, index_t kv_end) {
     index_t most_tiles = 0;
     for (index_t b = seq_begin; b < seq_end; ++b) most_tiles = std::max(most_tiles, plan.key_tiles(p.sequence(b).k_len));
@@ -85,7 +85,7 @@ class BackwardWorkList {
 class DqTurns {
  public:
   template <class T>
-  DqTurns(const BackwardParams<T>& p, const BackwardPlan& plan) : heads_(p.heads()), br_(plan.query_tile_rows) {
+  DqTurns(const BackwardParams<T>& p, const BackwardTilePlan& plan) : heads_(p.heads()), br_(plan.query_tile_rows) {
     const index_t batch = p.batch();
     base_.resize(static_cast<std::size_t>(batch) + 1, 0);
     for (index_t b = 0; b < batch; ++b) base_[static_cast<std::size_t>(b) + 1] = base_[static_cast<std::size_t>(b)] + plan.query_tiles(p.sequence(b).q_len);

@@ -16,6 +16,6 @@ inline tileattn::ForwardParams<float> forward_params;
 inline tileattn::ForwardParams<float, std::int8_t> int8_forward_params;  // 8-bit K/V: scales asked for
 inline tileattn::BackwardParams<float> backward_params;
 inline tileattn::TilePlan tile_plan;
-inline tileattn::BackwardPlan backward_plan;
+inline tileattn::BackwardTilePlan backward_plan;
 inline tileattn::Execution execution;
 }  // namespace kernels_case
