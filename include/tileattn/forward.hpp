@@ -183,6 +183,20 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
   return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
 }
 
+/// The checks every forward-family call (forward, varlen, flex, paged) makes once its params
+/// and sequences are set, in one order: the 8-bit scales (`scales_of` names their leading
+/// dimension, e.g. "batch" or "num_pages", of extent `scales_extent`), the options against
+/// `sequences` sequences of at most max_seqlen_q / max_seqlen_k, the budget, and aliasing
+/// (every output against every input and index array).
+template <class T, class KV>
+void check_call(ForwardParams<T, KV>& p, const ForwardOptions& options, const char* scales_of, index_t scales_extent,
+                index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k) {
+  set_kv_scales(p, options, scales_of, scales_extent);
+  check_options(p, sequences, max_seqlen_q, max_seqlen_k, options.execution);
+  check_budget(options);
+  check_aliasing(p);
+}
+
 /// Every check forward() makes of its arguments, and the params they give (also how
 /// distributed/ring.hpp validates a rank's shard before any transfer).
 template <class T, class KV>
@@ -191,10 +205,7 @@ ForwardParams<T, KV> checked_params(TensorView<const T> q, TensorView<const KV> 
   check_qkvo(q, k, v, o, padded_layout);
   check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   ForwardParams<T, KV> p = make_params(q, k, v, o, lse, options);
-  set_kv_scales(p, options, "batch", q.shape[dim::batch]);
-  check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
-  check_budget(options);
-  check_aliasing(p);
+  check_call(p, options, "batch", q.shape[dim::batch], p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen]);
   return p;
 }
 
@@ -240,10 +251,7 @@ void forward_varlen_scored(PackedView<const T> q, PackedView<const KV> k, Packed
   const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   ForwardParams<T, KV> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse4, options);
   set_sequences(p, seqs, q.shape[0], k.shape[0]);
-  set_kv_scales(p, options, "batch", p.num_sequences);
-  check_options(p, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
-  check_budget(options);
-  check_aliasing(p);  // outputs against cu_seqlens too (check_disjoint_from_indices)
+  check_call(p, options, "batch", p.num_sequences, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k);
   run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options, scores);
 }
 

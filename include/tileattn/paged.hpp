@@ -191,10 +191,7 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
                                      k_cache.shape[dim::seqlen]);
   p.block_table = block_table;
   p.cache_seqlens = cache_seqlens.data();
-  set_kv_scales(p, options, "num_pages", k_cache.shape[dim::batch]);
-  check_options(p, batch, call.longest_q, call.longest_k, options.execution);
-  check_budget(options);
-  check_aliasing(p);  // O and LSE against the block table and the lengths too
+  check_call(p, options, "num_pages", k_cache.shape[dim::batch], batch, call.longest_q, call.longest_k);
   return call;
 }
 
