@@ -1,6 +1,6 @@
 // tileattn/kernels/operands.hpp: what the forward and backward loops share about their
-// operands: the SRAM operand type of a storage type (tile_operand_t: float, or bf16 pairs),
-// the operand columns that hold n values, and the matrix of one head of one sequence that
+// operands: the SRAM operand type of a storage type (tile_operand_t: float, or bf16 pairs)
+// and the matrix of one head of one sequence that
 // their tiles load from and store to (sequence_matrix).
 #pragma once
 
@@ -25,12 +25,6 @@ using tile_operand_t =
 template <class Op>
 inline constexpr TileOperands tile_operands_v =
     std::is_same_v<Op, bf16x2> ? TileOperands::bf16_pairs : TileOperands::fp32;
-
-/// Operand columns that hold n values (pairs hold two).
-template <class Op>
-constexpr index_t operand_cols(index_t n) {
-  return std::is_same_v<Op, bf16x2> ? (n + 1) / 2 : n;
-}
 
 /// The [len, head_dim] matrix of one head of one sequence.
 template <class T>
