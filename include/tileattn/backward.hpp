@@ -259,9 +259,8 @@ void backward_varlen_scored(PackedView<const T> q, PackedView<const T> k, Packed
                             const BackwardOptions& options, const Scores& scores) {
   check_backward_views(q, k, v, o, dout, dq, dk, dv, packed_layout);
   check_saved_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
-  const SavedLseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
-  BackwardParams<T> p = make_backward_params(unpack(q), unpack(k), unpack(v), unpack(o), lse3, unpack(dout),
-                                             unpack(dq), unpack(dk), unpack(dv), options);
+  BackwardParams<T> p = make_backward_params(unpack(q), unpack(k), unpack(v), unpack(o), lse.with_leading(),
+                                             unpack(dout), unpack(dq), unpack(dk), unpack(dv), options);
   set_sequences(p, seqs, q.shape[0], k.shape[0]);
   check_and_run_backward(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options, scores);
 }

@@ -161,8 +161,7 @@ PageScaleView check_page_scales(const PageScaleView& scales, const char* name, c
     TILEATTN_REQUIRE(broadcast || scales.shape[d] == want[d], dim_name(name, "shape", d, dims[d]),
                      std::string("must be ") + (adaptive_scale<Q> ? "" : "1 or ") + std::to_string(want[d]) +
                          ", got " + std::to_string(scales.shape[d]));
-    if (broadcast) out.stride[d] = 0;
-    out.shape[d] = want[d];
+    if (broadcast) out = out.broadcast(static_cast<int>(d), want[d]);  // else shape[d] is want[d]
   }
   if constexpr (adaptive_scale<Q>) {
     check_no_self_overlap(scales, name);

@@ -180,7 +180,7 @@ void run(const ForwardParams<T, KV>& p, index_t max_seqlen_q, index_t max_seqlen
 
 template <class T>
 StridedView<T, 4> unpack(const PackedView<T>& v) {
-  return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
+  return v.with_leading();
 }
 
 /// The checks every forward-family call (forward, varlen, flex, paged) makes once its params
@@ -248,8 +248,7 @@ void forward_varlen_scored(PackedView<const T> q, PackedView<const KV> k, Packed
                            const ForwardOptions& options, const Scores& scores) {
   check_qkvo(q, k, v, o, packed_layout);
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
-  const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
-  ForwardParams<T, KV> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse4, options);
+  ForwardParams<T, KV> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse.with_leading(), options);
   set_sequences(p, seqs, q.shape[0], k.shape[0]);
   check_call(p, options, "batch", p.num_sequences, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k);
   run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options, scores);

@@ -526,8 +526,7 @@ class KvCache {
   /// Layer l's [n, heads_kv, head_dim] rows of [num_layers, n, heads_kv, head_dim].
   template <class S>
   static StridedView<const S, 3> layer_rows(const TensorView<const S>& rows, index_t l) {
-    return {rows.data + l * rows.stride[0], {rows.shape[1], rows.shape[2], rows.shape[3]},
-            {rows.stride[1], rows.stride[2], rows.stride[3]}};
+    return rows.sub_view(l);
   }
 
   std::int32_t take_page() {

@@ -258,9 +258,8 @@ PagedCall<T, KV> paged_varlen_call(const PackedView<const T>& q, std::span<const
   check_view(o, "o", packed_layout.names, {true, false, false});
   for (std::size_t d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
-  const LseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
-  return paged_call<T, KV>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o), lse3,
-                       options);
+  return paged_call<T, KV>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o),
+                           lse.with_leading(), options);
 }
 }  // namespace detail
 

@@ -1,5 +1,7 @@
-// tests/core/strided_view_test.cpp: index math of StridedView, make_bshd, make_bhsd, make_lse,
-// head_matrix and MatrixView (core/strided_view.hpp).
+// tests/core/strided_view_test.cpp: index math of StridedView, its slicing and broadcasting
+// helpers (ptr, slice, broadcast, with_leading, sub_view: each against the hand-written
+// data/shape/stride arithmetic it replaced), make_bshd, make_bhsd, make_lse, head_matrix and
+// MatrixView (core/strided_view.hpp).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -95,6 +97,109 @@ TEST(StridedView, HeadMatrixMatchesTheTensor) {
           for (index_t d = 0; d < D; ++d) ASSERT_EQ(&m(s, d), &t(b, s, h, d));
         }
       }
+}
+
+// ptr(i...) is data + sum(i * stride), without reading: the hand-written pointer offsets
+// (kernels' block-table rows, paged_head_matrix's head) and a null view at index 0.
+TEST(StridedView, PtrIsDataPlusTheOffset) {
+  std::vector<int> buf(1000);
+  const StridedView<int, 3> v{buf.data(), {2, 3, 4}, {200, 7, 30}};
+  for (index_t a = 0; a < 2; ++a)
+    for (index_t b = 0; b < 3; ++b)
+      for (index_t c = 0; c < 4; ++c) {
+        EXPECT_EQ(v.ptr(a, b, c), buf.data() + a * v.stride[0] + b * v.stride[1] + c * v.stride[2]);
+        EXPECT_EQ(v.ptr(a, b, c), &v(a, b, c));
+      }
+  const StridedView<const float, 2> none{};
+  EXPECT_EQ(none.ptr(0, 0), nullptr);
+}
+
+// slice(dim, start, length): distributed/ring.hpp's rows() and shard.hpp's row_of().
+TEST(StridedView, SliceMovesToStartAndSetsTheExtent) {
+  std::vector<float> buf(2 * 7 * 3 * 5);
+  const TensorView<float> t = make_bshd(buf.data(), 2, 7, 3, 5);
+  for (int d = 0; d < 4; ++d) {
+    const index_t start = 1, len = t.shape[static_cast<std::size_t>(d)] - 1;
+    TensorView<float> by_hand = t;  // what ring.hpp / shard.hpp wrote
+    by_hand.data += start * by_hand.stride[static_cast<std::size_t>(d)];
+    by_hand.shape[static_cast<std::size_t>(d)] = len;
+    const TensorView<float> s = t.slice(d, start, len);
+    EXPECT_EQ(s.data, by_hand.data);
+    EXPECT_EQ(s.shape, by_hand.shape);
+    EXPECT_EQ(s.stride, by_hand.stride);
+  }
+  const TensorView<float> row = t.slice(dim::seqlen, 4, 1);
+  EXPECT_EQ(row.shape, (std::array<index_t, 4>{2, 1, 3, 5}));
+  EXPECT_EQ(&row(1, 0, 2, 3), &t(1, 4, 2, 3));
+  const TensorView<float> none = t.slice(dim::seqlen, 0, 0);
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(none.data, t.data);
+}
+
+// broadcast(dim, extent): the resolved 8-bit scale views (stride 0 where the extent was 1).
+TEST(StridedView, BroadcastSetsExtentAndZeroStride) {
+  float scales[3] = {1, 2, 3};
+  const StridedView<const float, 2> per_head{scales, {1, 3}, {3, 1}};
+  StridedView<const float, 2> by_hand = per_head;  // what resolve_kv_scale wrote
+  by_hand.stride[0] = 0;
+  by_hand.shape[0] = 4;
+  const StridedView<const float, 2> b = per_head.broadcast(0, 4);
+  EXPECT_EQ(b.data, by_hand.data);
+  EXPECT_EQ(b.shape, by_hand.shape);
+  EXPECT_EQ(b.stride, by_hand.stride);
+  for (index_t p = 0; p < 4; ++p)
+    for (index_t h = 0; h < 3; ++h) EXPECT_EQ(b(p, h), scales[h]);
+  const StridedView<const float, 2> one = StridedView<const float, 2>{scales, {1, 1}, {0, 0}};
+  const StridedView<const float, 2> both = one.broadcast(0, 2).broadcast(1, 5);
+  EXPECT_EQ(both.shape, (std::array<index_t, 2>{2, 5}));
+  EXPECT_EQ(both.stride, (std::array<index_t, 2>{0, 0}));
+  EXPECT_EQ(&both(1, 4), scales);
+}
+
+// with_leading(): forward.hpp's unpack() of packed [total, H, D] views and the packed LSE
+// [H, total] as [1, H, total] in the varlen forward, backward and paged calls.
+TEST(StridedView, WithLeadingAddsAStrideZeroDimension) {
+  std::vector<float> buf(11 * 3 * 4);
+  const StridedView<float, 3> packed{buf.data(), {11, 3, 4}, {12, 4, 1}};
+  const StridedView<float, 4> by_hand{packed.data,
+                                      {1, packed.shape[0], packed.shape[1], packed.shape[2]},
+                                      {0, packed.stride[0], packed.stride[1], packed.stride[2]}};
+  const StridedView<float, 4> u = packed.with_leading();
+  EXPECT_EQ(u.data, by_hand.data);
+  EXPECT_EQ(u.shape, by_hand.shape);
+  EXPECT_EQ(u.stride, by_hand.stride);
+
+  const StridedView<const float, 2> lse{buf.data(), {3, 11}, {1, 3}};
+  const StridedView<const float, 3> lse_by_hand{
+      lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
+  const StridedView<const float, 3> l = lse.with_leading();
+  EXPECT_EQ(l.data, lse_by_hand.data);
+  EXPECT_EQ(l.shape, lse_by_hand.shape);
+  EXPECT_EQ(l.stride, lse_by_hand.stride);
+
+  const StridedView<const float, 3> twice = lse.with_leading(2);  // the same elements twice
+  EXPECT_EQ(twice.shape, (std::array<index_t, 3>{2, 3, 11}));
+  EXPECT_EQ(&twice(1, 2, 7), &lse(2, 7));
+}
+
+// sub_view(i...): kv_cache.hpp's layer_rows() (layer l of [layers, n, H, D]) and more
+// leading indices at once.
+TEST(StridedView, SubViewDropsLeadingDimensions) {
+  std::vector<float> buf(2 * 5 * 3 * 4);
+  const TensorView<const float> rows = make_bhsd<const float>(buf.data(), 2, 3, 5, 4);
+  for (index_t l = 0; l < 2; ++l) {
+    const StridedView<const float, 3> by_hand{rows.data + l * rows.stride[0],
+                                              {rows.shape[1], rows.shape[2], rows.shape[3]},
+                                              {rows.stride[1], rows.stride[2], rows.stride[3]}};
+    const StridedView<const float, 3> s = rows.sub_view(l);
+    EXPECT_EQ(s.data, by_hand.data);
+    EXPECT_EQ(s.shape, by_hand.shape);
+    EXPECT_EQ(s.stride, by_hand.stride);
+    const StridedView<const float, 2> two = rows.sub_view(l, 3);
+    EXPECT_EQ(two.shape, (std::array<index_t, 2>{3, 4}));
+    EXPECT_EQ(two.stride, (std::array<index_t, 2>{rows.stride[2], rows.stride[3]}));
+    EXPECT_EQ(&two(2, 1), &rows(l, 3, 2, 1));
+  }
 }
 
 TEST(StridedView, DimensionNames) {

@@ -54,7 +54,7 @@ struct PagedMatrixView {
 template <class T>
 PagedMatrixView<T> paged_head_matrix(const TensorView<T>& pool, const std::int32_t* table,
                                      index_t table_stride, index_t head, index_t rows) {
-  return {pool.data + head * pool.stride[dim::heads], table, table_stride, pool.shape[dim::seqlen],
+  return {pool.ptr(0, 0, head, 0), table, table_stride, pool.shape[dim::seqlen],
           pool.stride[dim::batch], rows, pool.shape[dim::head_dim], pool.stride[dim::seqlen],
           pool.stride[dim::head_dim]};
 }

@@ -27,11 +27,62 @@ struct StridedView {
 
   template <class... I>
   T& operator()(I... i) const {
+    return *ptr(i...);
+  }
+
+  /// The address of element (i...), data + the dot product of index and stride; nothing is
+  /// read, so a null or empty view gives data back for index 0.
+  template <class... I>
+  T* ptr(I... i) const {
     static_assert(sizeof...(I) == Rank, "one index per dimension");
     const std::array<index_t, sizeof...(I)> idx{static_cast<index_t>(i)...};
     index_t offset = 0;
     for (std::size_t d = 0; d < sizeof...(I); ++d) offset += idx[d] * stride[d];
-    return data[offset];
+    return data + offset;
+  }
+
+  /// Indices [start, start + length) along dimension `dim`: the same view, moved to start.
+  StridedView slice(int dim, index_t start, index_t length) const {
+    StridedView out = *this;
+    out.data += start * stride[static_cast<std::size_t>(dim)];
+    out.shape[static_cast<std::size_t>(dim)] = length;
+    return out;
+  }
+
+  /// Dimension `dim` stretched to `extent` with stride 0: every index sees index 0's elements.
+  StridedView broadcast(int dim, index_t extent) const {
+    StridedView out = *this;
+    out.shape[static_cast<std::size_t>(dim)] = extent;
+    out.stride[static_cast<std::size_t>(dim)] = 0;
+    return out;
+  }
+
+  /// The view with a new leading dimension of `extent` and stride 0 (a batch of one, or
+  /// the same elements `extent` times): a packed [total, ...] view as [1, total, ...].
+  StridedView<T, Rank + 1> with_leading(index_t extent = 1) const {
+    StridedView<T, Rank + 1> out{data, {extent}, {0}};
+    for (std::size_t d = 0; d < static_cast<std::size_t>(Rank); ++d) {
+      out.shape[d + 1] = shape[d];
+      out.stride[d + 1] = stride[d];
+    }
+    return out;
+  }
+
+  /// The view of the trailing dimensions at leading indices (i...): v.sub_view(l) is
+  /// v(l, ...) as a view of rank Rank - 1.
+  template <class... I>
+    requires(sizeof...(I) >= 1 && sizeof...(I) < static_cast<std::size_t>(Rank))
+  StridedView<T, Rank - static_cast<int>(sizeof...(I))> sub_view(I... i) const {
+    constexpr std::size_t k = sizeof...(I);
+    const std::array<index_t, k> idx{static_cast<index_t>(i)...};
+    index_t offset = 0;
+    for (std::size_t d = 0; d < k; ++d) offset += idx[d] * stride[d];
+    StridedView<T, Rank - static_cast<int>(k)> out{data + offset, {}, {}};
+    for (std::size_t d = k; d < static_cast<std::size_t>(Rank); ++d) {
+      out.shape[d - k] = shape[d];
+      out.stride[d - k] = stride[d];
+    }
+    return out;
   }
 
   /// The same view with const elements, so outputs can be passed where inputs are read.
@@ -79,8 +130,7 @@ inline constexpr int head_dim = 3;
 /// The [seqlen, head_dim] matrix of one (batch, head) pair.
 template <class T>
 MatrixView<T> head_matrix(const TensorView<T>& t, index_t batch, index_t head) {
-  return {t.data + batch * t.stride[dim::batch] + head * t.stride[dim::heads],
-          t.shape[dim::seqlen], t.shape[dim::head_dim], t.stride[dim::seqlen],
+  return {t.ptr(batch, 0, head, 0), t.shape[dim::seqlen], t.shape[dim::head_dim], t.stride[dim::seqlen],
           t.stride[dim::head_dim]};
 }
 

@@ -156,8 +156,7 @@ KvScaleView resolve_kv_scale(const KvScaleView& s, const char* name, const char*
   for (std::size_t d = 0; d < 2; ++d) {
     TILEATTN_REQUIRE(s.shape[d] == want[d] || s.shape[d] == 1, dim_name(name, "shape", d, dims[d]),
                      "must be 1 or " + std::to_string(want[d]) + ", got " + std::to_string(s.shape[d]));
-    if (s.shape[d] == 1) out.stride[d] = 0;
-    out.shape[d] = want[d];
+    if (s.shape[d] == 1) out = out.broadcast(static_cast<int>(d), want[d]);  // else shape[d] is want[d]
   }
   return out;
 }

@@ -61,9 +61,7 @@ namespace detail {
 /// Rows [start, start + len) of a [B, S, ...] view along dimension `dim`.
 template <class T, int R>
 StridedView<T, R> rows(StridedView<T, R> v, index_t start, index_t len, int dim = 1) {
-  v.data += start * v.stride[dim];
-  v.shape[dim] = len;
-  return v;
+  return v.slice(dim, start, len);
 }
 
 /// True when some query of chunk qc can see some key of chunk kc under `o`'s causal mask

@@ -127,13 +127,6 @@ void copy_elements(const StridedView<Dst, R>& dst, const StridedView<Src, R>& sr
   walk(walk, 0);
 }
 
-template <class T, int R>
-StridedView<T, R> row_of(StridedView<T, R> v, int seq_dim, index_t row) {
-  v.data += row * v.stride[seq_dim];
-  v.shape[seq_dim] = 1;
-  return v;
-}
-
 }  // namespace detail
 
 namespace detail {
@@ -146,7 +139,7 @@ void copy_shard_rows(const StridedView<From, R>& from, const StridedView<To, R>&
   if (into_local) check_shard_views(from, to, seq_dim, layout, rank);
   else check_shard_views(to, from, seq_dim, layout, rank);
   for_each_shard_row(layout, rank, [&](index_t global, index_t row) {
-    copy_elements(row_of(to, seq_dim, into_local ? row : global), row_of(from, seq_dim, into_local ? global : row));
+    copy_elements(to.slice(seq_dim, into_local ? row : global, 1), from.slice(seq_dim, into_local ? global : row, 1));
   });
 }
 

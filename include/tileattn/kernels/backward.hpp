@@ -90,9 +90,9 @@ template <class T, class Io>
 void accumulate_bias_grad(const BackwardParams<T>& p, const KeyBlock& blk, index_t head, index_t r0,
                           index_t col0, const Tile<float>& ds, Io& io) {
   const StridedView<float, 4>& g = p.dbias;
-  float* base = g.data + (g.shape[0] == 1 ? 0 : blk.sequence * g.stride[0]) + (g.shape[1] == 1 ? 0 : head * g.stride[1]);
+  const index_t b = g.shape[0] == 1 ? 0 : blk.sequence, h = g.shape[1] == 1 ? 0 : head;  // broadcast: index 0
   for (index_t r = 0; r < ds.rows(); ++r) {
-    float* row = base + (r0 + r) * g.stride[2] + col0 * g.stride[3];
+    float* row = g.ptr(b, h, r0 + r, col0);
     for (index_t j = 0; j < ds.cols(); ++j) row[j * g.stride[3]] += ds(r, j);
   }
   const auto bytes = static_cast<std::uint64_t>(ds.rows() * ds.cols()) * sizeof(float);

@@ -146,16 +146,14 @@ struct PagedKv {
   template <class T, class KV, class View>
   static auto matrix(const ForwardParams<T, KV>& p, const View& view, const QueryBlock& blk) {
     const auto& table = p.block_table;
-    return paged_head_matrix(view, table.data + blk.sequence * table.stride[0], table.stride[1],
-                             blk.kv_head, blk.range.k_len);
+    return paged_head_matrix(view, table.ptr(blk.sequence, 0), table.stride[1], blk.kv_head, blk.range.k_len);
   }
   /// 8-bit K/V scales per (page, K/V head), through the block table.
   template <class T, class KV>
   static ScaleSource scales(const ForwardParams<T, KV>& p, const KvScaleView& s, const QueryBlock& blk) {
     if (!s.data) return {};
     const auto& table = p.block_table;
-    return {s.data + blk.kv_head * s.stride[1], s.stride[0], table.data + blk.sequence * table.stride[0],
-            table.stride[1], p.k.shape[dim::seqlen]};
+    return {s.ptr(0, blk.kv_head), s.stride[0], table.ptr(blk.sequence, 0), table.stride[1], p.k.shape[dim::seqlen]};
   }
 };
 

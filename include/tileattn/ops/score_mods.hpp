@@ -175,13 +175,13 @@ class ScoreModifiers {
   template <class V>
   static V slice_batch(const V& v, index_t sequence) {
     V out = v;
-    if (v.data && v.shape[0] != 1) out.data += sequence * v.stride[0];
+    if (v.data && v.shape[0] != 1) out.data = v.ptr(sequence, 0, 0, 0);
     return out;
   }
   template <class V>
   static auto at(const V& v, index_t head, index_t i, index_t j) {
     const index_t h = v.shape[1] == 1 ? 0 : head;
-    return v.data[h * v.stride[1] + i * v.stride[2] + j * v.stride[3]];
+    return v(0, h, i, j);
   }
 
   /// s = C tanh(scale s / C) in log2 units, C = softcap * log2(e): raw scores in, log2 out.
