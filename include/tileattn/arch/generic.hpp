@@ -27,6 +27,15 @@ inline constexpr const char* name = "generic";
 /// Whether forward kernels multiply bf16 tiles as bf16 pairs (else they convert to float).
 inline constexpr bool bf16_dot_product = false;
 
+/// Whether this target's multiply-adds are fused (one rounding): with FMA, as the SIMD sets'.
+/// The in-place products take it as a parameter, so that a dispatched avx2 set (arch/isa.hpp)
+/// gets the fused sums an AVX2 + FMA build of generic gives, from a baseline build.
+#if defined(__FMA__)
+inline constexpr bool fused_multiply_add = true;
+#else
+inline constexpr bool fused_multiply_add = false;
+#endif
+
 /// The sum of 16 partial dot-product lanes in the order of the SIMD reduction (lane pairs
 /// (l, l + 2) within each group of 4, then (l, l + 1), then groups (g, g + 1), (g, g + 2)).
 inline float dot_lanes_sum(const float (&x)[16]) {
@@ -65,18 +74,17 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
 /// bf16, fp16 or 8-bit, anywhere in memory): Q K^T with the keys read in place
 /// (ops::matmul_transposed). Each element is a dot product summed in 16 interleaved
 /// partial sums (p mod 16), then those pairwise (dot_lanes_sum), as the SIMD sets sum it.
-template <class E>
+template <class E, bool Fused = fused_multiply_add>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
                   float* c, index_t ldc) {
   for (index_t i = 0; i < m; ++i)
     for (index_t j = 0; j < n; ++j) {
       float lanes[16] = {};
       for (index_t p = 0; p < k; ++p) {
-#if defined(__FMA__)
-        lanes[p % 16] = std::fma(a[i * lda + p], tileattn::to_float(b_rows[j][p]), lanes[p % 16]);
-#else
-        lanes[p % 16] += a[i * lda + p] * tileattn::to_float(b_rows[j][p]);
-#endif
+        if constexpr (Fused)
+          lanes[p % 16] = std::fma(a[i * lda + p], tileattn::to_float(b_rows[j][p]), lanes[p % 16]);
+        else
+          lanes[p % 16] += a[i * lda + p] * tileattn::to_float(b_rows[j][p]);
       }
       c[i * ldc + j] = dot_lanes_sum(lanes);
     }
@@ -88,7 +96,7 @@ inline void touch_rows(const void* const*, index_t, index_t) {}
 
 /// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements of E, anywhere in
 /// memory): P V with the values read in place, summed over p in order as gemm does.
-template <class E>
+template <class E, bool Fused = fused_multiply_add>
 void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
                index_t ldc) {
   for (index_t i = 0; i < m; ++i) {
@@ -96,11 +104,10 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
     for (index_t p = 0; p < k; ++p) {
       const float aip = a[i * lda + p];
       for (index_t j = 0; j < n; ++j) {
-#if defined(__FMA__)
-        ci[j] = std::fma(aip, tileattn::to_float(b_rows[p][j]), ci[j]);
-#else
-        ci[j] += aip * tileattn::to_float(b_rows[p][j]);
-#endif
+        if constexpr (Fused)
+          ci[j] = std::fma(aip, tileattn::to_float(b_rows[p][j]), ci[j]);
+        else
+          ci[j] += aip * tileattn::to_float(b_rows[p][j]);
       }
     }
   }

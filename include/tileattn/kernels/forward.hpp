@@ -47,13 +47,36 @@ inline constexpr bool prefetch_next_kv_tile = true;
 /// multiplies them natively (arch::native::bf16_dot_product), float otherwise (fp16 has no
 /// such instruction here; float tiles keep its 11-bit significands exact, where bf16 tiles
 /// would drop 3 bits: docs/precision.md).
+/// Where the set is chosen at run time (arch/native.hpp's dispatch), so is this: there is no
+/// tile_operand_t, and kernels take the type from with_tile_operand.
+#if !TILEATTN_ARCH_DISPATCH
 template <class T>
 using tile_operand_t =
     std::conditional_t<std::is_same_v<T, bf16> && arch::native::bf16_dot_product, bf16x2, float>;
+#endif
 
 template <class Op>
 inline constexpr TileOperands tile_operands_v =
     std::is_same_v<Op, bf16x2> ? TileOperands::bf16_pairs : TileOperands::fp32;
+
+/// f(std::type_identity<Op>{}) for T's operand type Op (tile_operand_t<T>, or its run-time
+/// choice under dispatch: bf16 pairs where the running set multiplies them).
+template <class T, class F>
+decltype(auto) with_tile_operand(F&& f) {
+#if TILEATTN_ARCH_DISPATCH
+  if constexpr (std::is_same_v<T, bf16>)
+    if (arch::native::bf16_dot_product()) return f(std::type_identity<bf16x2>{});
+  return f(std::type_identity<float>{});
+#else
+  return f(std::type_identity<tile_operand_t<T>>{});
+#endif
+}
+
+/// tile_operands_v of T's operand type in this process.
+template <class T>
+TileOperands tile_operands_for() {
+  return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_v<Op>; });
+}
 
 /// Operand columns that hold n values (pairs hold two).
 template <class Op>
@@ -542,12 +565,11 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
 
 /// Runs every work item of `work` under `exec`, then the split sequences' merges; returns
 /// the HBM traffic counted (zero unless Io counts). Each worker's scratch holds exactly the
-/// plan's working set (planned for tile_operand_t<T>). Kv says where K and V live; `scores`
+/// plan's working set (planned for with_tile_operand<T>'s Op). Kv says where K and V live; `scores`
 /// gives each item's score modifiers.
 template <class Io, class Kv = ContiguousKv, class T, class KV, class Scores = ops::BuiltinScores>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
                      const Execution& exec, const Scores& scores = {}) {
-  using Op = tile_operand_t<T>;
   const std::size_t in_place_bytes =
       in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
@@ -557,8 +579,11 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
     if (reads_kv_in_place(p, blk.range)) {
       forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
     } else {
-      auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(), p.head_dim_v());
-      forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
+      with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
+        auto tiles =
+            ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(), p.head_dim_v());
+        forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
+      });
     }
   });
   const auto merges = static_cast<index_t>(work.merges().size()) * p.heads();
