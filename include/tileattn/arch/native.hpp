@@ -41,6 +41,8 @@
 // runs; arch::native::name, in a fixed build, which one the TU got.
 #pragma once
 
+#include <type_traits>
+
 #include "tileattn/arch/generic.hpp"
 #include "tileattn/arch/isa.hpp"
 #include "tileattn/arch/micro_kernel_set.hpp"
@@ -74,6 +76,19 @@ namespace with_bf16 = avx512;
   }                                                                                     \
   return generic::__VA_ARGS__
 
+/// The same for the functions AVX-512 BF16 leaves unchanged (all but the pair gemm and the
+/// exponential that may write pairs): both AVX-512 levels call avx512_no_bf16's, the same
+/// source compiled without BF16, so the heavy gemm templates are instantiated once, not
+/// twice (it cut the dispatched forward TU's compile time by a fifth).
+#define TILEATTN_DISPATCH_BF16_FREE(...)                                                \
+  switch (::tileattn::arch::dispatched_isa()) {                                         \
+    case ::tileattn::arch::Isa::avx512_bf16:                                            \
+    case ::tileattn::arch::Isa::avx512: return avx512_no_bf16::__VA_ARGS__;              \
+    case ::tileattn::arch::Isa::avx2: return avx2::__VA_ARGS__;                          \
+    case ::tileattn::arch::Isa::generic: break;                                          \
+  }                                                                                     \
+  return generic::__VA_ARGS__
+
 /// The running set's name ("avx512-bf16+amx" where its pairs run on AMX tiles).
 inline const char* name() {
   const Isa isa = dispatched_isa();
@@ -90,55 +105,60 @@ inline bool bf16_dot_product() { return dispatched_isa() == Isa::avx512_bf16 && 
 template <bool Accumulate, bool TransA = false, class E>
 void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b, index_t ldb, float* c,
           index_t ldc) {
-  TILEATTN_DISPATCH(gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc));
+  if constexpr (std::is_same_v<E, bf16x2>) {
+    TILEATTN_DISPATCH(gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc));
+  } else {
+    TILEATTN_DISPATCH_BF16_FREE(gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc));
+  }
 }
 template <class E>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
                   index_t ldc) {
-  TILEATTN_DISPATCH(gemm_nt_rows(m, n, k, a, lda, b_rows, c, ldc));
+  TILEATTN_DISPATCH_BF16_FREE(gemm_nt_rows(m, n, k, a, lda, b_rows, c, ldc));
 }
 template <class E>
 void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
                index_t ldc) {
-  TILEATTN_DISPATCH(gemm_rows(m, n, k, a, lda, b_rows, c, ldc));
+  TILEATTN_DISPATCH_BF16_FREE(gemm_rows(m, n, k, a, lda, b_rows, c, ldc));
 }
 inline void touch_rows(const void* const* rows, index_t n, index_t bytes) {
-  TILEATTN_DISPATCH(touch_rows(rows, n, bytes));
+  TILEATTN_DISPATCH_BF16_FREE(touch_rows(rows, n, bytes));
 }
-inline float row_max(const float* x, index_t n) { TILEATTN_DISPATCH(row_max(x, n)); }
+inline float row_max(const float* x, index_t n) { TILEATTN_DISPATCH_BF16_FREE(row_max(x, n)); }
 inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n, const float* scale,
                                 const float* shift, float* sums, bf16x2* pairs = nullptr, index_t ld_pairs = 0) {
   TILEATTN_DISPATCH(exp2_shift_sum_rows(x, ld, rows, n, scale, shift, sums, pairs, ld_pairs));
 }
 inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
-  TILEATTN_DISPATCH(exp2_shift_sum(x, n, scale, shift));
+  TILEATTN_DISPATCH_BF16_FREE(exp2_shift_sum(x, n, scale, shift));
 }
 template <class E>
 bool all_finite(const E* x, index_t n) {
-  TILEATTN_DISPATCH(all_finite(x, n));
+  TILEATTN_DISPATCH_BF16_FREE(all_finite(x, n));
 }
-inline void scale(float* x, index_t n, float factor) { TILEATTN_DISPATCH(scale(x, n, factor)); }
-inline float exp2(float x) { TILEATTN_DISPATCH(exp2(x)); }
+inline void scale(float* x, index_t n, float factor) { TILEATTN_DISPATCH_BF16_FREE(scale(x, n, factor)); }
+inline float exp2(float x) { TILEATTN_DISPATCH_BF16_FREE(exp2(x)); }
 inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst, index_t ldd) {
-  TILEATTN_DISPATCH(transpose(rows, cols, src, lds, dst, ldd));
+  TILEATTN_DISPATCH_BF16_FREE(transpose(rows, cols, src, lds, dst, ldd));
 }
 template <class E>
 void to_float(const E* src, float* dst, index_t n) {
-  TILEATTN_DISPATCH(to_float(src, dst, n));
+  TILEATTN_DISPATCH_BF16_FREE(to_float(src, dst, n));
 }
 template <class Half>
 void from_float(const float* src, Half* dst, index_t n) {
-  TILEATTN_DISPATCH(from_float(src, dst, n));
+  TILEATTN_DISPATCH_BF16_FREE(from_float(src, dst, n));
 }
 inline void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t n) {
-  TILEATTN_DISPATCH(interleave_pairs(a, b, dst, n));
+  TILEATTN_DISPATCH_BF16_FREE(interleave_pairs(a, b, dst, n));
 }
 inline void interleave_rounded(const float* a, const float* b, bf16x2* dst, index_t n) {
-  TILEATTN_DISPATCH(interleave_rounded(a, b, dst, n));
+  TILEATTN_DISPATCH_BF16_FREE(interleave_rounded(a, b, dst, n));
 }
-inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) { TILEATTN_DISPATCH(round_to_pairs(x, dst, n)); }
+inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) { TILEATTN_DISPATCH_BF16_FREE(round_to_pairs(x, dst, n)); }
 
 #undef TILEATTN_DISPATCH
+#undef TILEATTN_DISPATCH_BF16_FREE
 }  // namespace dispatch
 
 namespace native = dispatch;
