@@ -11,6 +11,7 @@
 // multiplies bf16 pairs (bf16x2 operands, core/half_types.hpp) says so with
 // bf16_dot_product = true; generic has such a gemm too, as the reference, but keeps
 // bf16_dot_product false: converting bf16 to float tiles is faster in scalar code.
+// arch/micro_kernel_set.hpp states this list as a concept, MicroKernelSet.
 #pragma once
 
 #include <cmath>
