@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
 #if defined(TILEATTN_HAS_AMX_KERNELS)
             tileattn::arch::amx::detail::pack_min_rows = pack;
 #endif
-            const tileattn::TilePlan plan = tileattn::plan_forward(qv, kv, vv, opts);
+            const tileattn::TilePlan plan = tileattn::plan_forward(qv, kv, vv, opts).tiles();
             const double sec = best_seconds([&] {
               tileattn::forward(qv, kv, vv, tileattn::make_bshd(o.data(), 1, seqlen, h, d), opts);
             }, 1, 5);
@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
     const auto qv = tileattn::make_bshd<const tileattn::bf16>(q.data(), 1, seqlen, h, d);
     const auto kv = tileattn::make_bshd<const tileattn::bf16>(k.data(), 1, seqlen, h, d);
     const auto vv = tileattn::make_bshd<const tileattn::bf16>(v.data(), 1, seqlen, h, d);
-    const tileattn::TilePlan plan = tileattn::plan_forward(qv, kv, vv, opts);
+    const tileattn::TilePlan plan = tileattn::plan_forward(qv, kv, vv, opts).tiles();
     const double sec = best_seconds([&] { tileattn::forward(qv, kv, vv, tileattn::make_bshd(o.data(), 1, seqlen, h, d), opts); }, 1, 5);
     const double scores = static_cast<double>(h) * seqlen * seqlen / (causal ? 2 : 1);
     std::printf("forward bf16 N %ld H %ld d %ld %s, 1 thread, Br %ld Bc %ld: %.1f GFLOP/s, %.3f ns per score\n",

@@ -159,9 +159,7 @@ struct BackwardWorkload {
     return opts;
   }
   tileattn::BackwardOptions backward_options() const {
-    tileattn::BackwardOptions opts;
-    static_cast<tileattn::ForwardOptions&>(opts) = forward_options();
-    return opts;
+    return tileattn::BackwardOptions(forward_options());
   }
 
   tileattn::TensorView<const T> in(const std::vector<T>& x, index_t seqlen) const {
@@ -201,8 +199,8 @@ BackwardWorkload<T>& workload_for(const AttentionShape& shape) {
 }
 
 std::string plan_label(const AttentionShape& s, const tileattn::BackwardOptions& opts) {
-  const tileattn::BackwardPlan plan =
-      tileattn::plan_backward({s.head_dim, s.head_dim, s.seqlen_q, s.seqlen_k, s.batch * s.heads}, opts);
+  const tileattn::BackwardTilePlan plan =
+      tileattn::backward_tiles({s.head_dim, s.head_dim, s.seqlen_q, s.seqlen_k, s.batch * s.heads}, opts);
   return "Br=" + std::to_string(plan.query_tile_rows) + " Bc=" + std::to_string(plan.key_tile_rows);
 }
 

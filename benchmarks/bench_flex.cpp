@@ -3,18 +3,18 @@
 // Every pair is a family; its two members differ only in the call:
 //
 //   causal_fp32/...   B 1, H 8, N 4096, d 128: forward() with options.causal, against
-//   causal_bf16/...   flex_forward() with flex::causal and its block mask (bf16: the same
+//   causal_bf16/...   forward_flex() with flex::causal and its block mask (bf16: the same
 //                     inputs rounded once). Target: flex within 10% of built-in time.
 //   document/...      8 documents of 1024 tokens packed into 8192, H 8, d 128, non-causal:
-//                     forward_varlen() over cu_seqlens, against flex_forward() over one
+//                     forward_varlen() over cu_seqlens, against forward_flex() over one
 //                     sequence of 8192 with flex::document on a doc-id array and its block
 //                     mask. Target: flex GFLOP/s >= 0.8x varlen's.
-//   block_sparse/...  N 8192, H 8, d 128: flex_forward() with flex::block_sparse on a random
+//   block_sparse/...  N 8192, H 8, d 128: forward_flex() with flex::block_sparse on a random
 //                     layout of 128 x 128 blocks at 10% density (every diagonal block, the
 //                     rest drawn from a fixed seed) and its block mask, against the dense
 //                     forward (no mask). Target: flex time <= 15% of dense.
 //   causal_bwd/...    B 1, H 8, N 4096, d 128, fp32: backward() with options.causal against
-//                     flex_backward() with flex::causal and its block mask, each on the O and
+//                     backward_flex() with flex::causal and its block mask, each on the O and
 //                     LSE of its own untimed forward. No target of its own (1.10x shown).
 //
 // Each family has three rows: <family>/<baseline> and <family>/flex time one member each;
@@ -200,15 +200,15 @@ Pair causal_pair() {
     tileattn::forward(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o), p.lse_view(p.lse), opts);
     benchmark::DoNotOptimize(p.o.data());
   };
-  pair.baseline.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), opts));
+  pair.baseline.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), opts).tiles());
   const auto blocks = std::make_shared<const tileattn::BlockMask<flex::causal>>(
       tileattn::create_block_mask(flex::causal{}, 1, 1, causal_n, causal_n));
   pair.flex = flex_member(blocks, [&p, blocks] {
-    tileattn::flex_forward(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
+    tileattn::forward_flex(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
                            flex::no_score_mod{}, *blocks);
     benchmark::DoNotOptimize(p.o_flex.data());
   });
-  pair.flex.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), {}));
+  pair.flex.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), {}).tiles());
   pair.baseline.flops = pair.flex.flops = flops;
   pair.baseline.peak = pair.flex.peak = peak_gflops<T>();
   return pair;
@@ -234,11 +234,11 @@ Pair document_pair() {
   const auto blocks = std::make_shared<const tileattn::BlockMask<flex::document>>(
       tileattn::create_block_mask(flex::document{*ids}, 1, 1, doc_total, doc_total));
   pair.flex = flex_member(blocks, [&p, blocks, ids] {  // ids: the mask's array lives as long
-    tileattn::flex_forward(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
+    tileattn::forward_flex(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
                            flex::no_score_mod{}, *blocks);
     benchmark::DoNotOptimize(p.o_flex.data());
   });
-  pair.flex.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), {}));
+  pair.flex.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), {}).tiles());
   pair.baseline.flops = pair.flex.flops =
       4.0 * doc_d * doc_heads * static_cast<double>(doc_count) * static_cast<double>(doc_len * doc_len);
   pair.baseline.peak = pair.flex.peak = peak_gflops<float>();
@@ -274,12 +274,12 @@ Pair block_sparse_pair() {
     benchmark::DoNotOptimize(p.o.data());
   };
   pair.baseline.flops = 4.0 * sparse_d * sparse_heads * static_cast<double>(sparse_n) * static_cast<double>(sparse_n);
-  pair.baseline.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), {}));
+  pair.baseline.label = plan_label(tileattn::plan_forward(p.in(p.q), p.in(p.k), p.in(p.v), {}).tiles());
   const flex::block_sparse mask{sparse_layout(), sparse_blocks, sparse_block};
   const auto blocks = std::make_shared<const tileattn::BlockMask<flex::block_sparse>>(
       tileattn::create_block_mask(mask, 1, 1, sparse_n, sparse_n, {sparse_block, sparse_block}));
   pair.flex = flex_member(blocks, [&p, blocks] {
-    tileattn::flex_forward(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
+    tileattn::forward_flex(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
                            flex::no_score_mod{}, *blocks);
     benchmark::DoNotOptimize(p.o_flex.data());
   });
@@ -304,10 +304,10 @@ Pair causal_bwd_pair() {
   };
   const auto blocks = std::make_shared<const tileattn::BlockMask<flex::causal>>(
       tileattn::create_block_mask(flex::causal{}, 1, 1, causal_n, causal_n));
-  tileattn::flex_forward(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
+  tileattn::forward_flex(p.in(p.q), p.in(p.k), p.in(p.v), p.out(p.o_flex), p.lse_view(p.lse_flex),
                          flex::no_score_mod{}, *blocks);
   pair.flex = flex_member(blocks, [&p, blocks] {
-    tileattn::flex_backward(p.in(p.q), p.in(p.k), p.in(p.v), p.in(p.o_flex), p.lse_view(p.lse_flex), p.in(p.dout),
+    tileattn::backward_flex(p.in(p.q), p.in(p.k), p.in(p.v), p.in(p.o_flex), p.lse_view(p.lse_flex), p.in(p.dout),
                             p.out(p.dq), p.out(p.dk), p.out(p.dv), flex::no_score_mod{}, *blocks);
     benchmark::DoNotOptimize(p.dq.data());
   });

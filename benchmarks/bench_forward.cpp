@@ -80,7 +80,7 @@ void BM_forward_tileattn(benchmark::State& state) {
   }
   set_counters(state, shape, static_cast<double>(io.bytes_read + io.bytes_written));
   const tileattn::TilePlan plan =
-      tileattn::plan_forward(w.q_view(), w.k_view(), w.v_view(), options);
+      tileattn::plan_forward(w.q_view(), w.k_view(), w.v_view(), options).tiles();
   state.SetLabel("Br=" + std::to_string(plan.query_tile_rows) +
                  " Bc=" + std::to_string(plan.key_tile_rows));
 }

@@ -13,7 +13,7 @@
 // Workloads: 32 query heads, 8 K/V heads, head_dim 128, page_size 16, block tables shuffled
 // (pages in random pool order), N(0, 1)-like data. Decode: B 8 at contexts 1k, 4k, 16k and
 // B 1 at 16k and 64k, fp32 and bf16. Verify: B 8, context 4k, 4 and 8 new tokens; chunked
-// prefill: B 1, context 4k, a 256-token chunk. plan: plan_paged for B 8 at 4k (what a
+// prefill: B 1, context 4k, a 256-token chunk. plan: plan_forward_paged for B 8 at 4k (what a
 // decode step does once for all its layers) next to one decode step of one layer.
 //
 //   bench_paged --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -121,7 +121,7 @@ struct PagedWorkload {
   }
   tileattn::PagedPlan plan() const {
     auto* self = const_cast<PagedWorkload*>(this);
-    return tileattn::plan_paged(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, self->o_view(),
+    return tileattn::plan_forward_paged(q_view(), pool(k_pool), pool(v_pool), block_table(), seqlens, self->o_view(),
                                 self->lse_view(), options());
   }
   void contiguous() {

@@ -7,7 +7,7 @@
 //   (as root: mpirun --allow-run-as-root --oversubscribe ...; benchmarks/ring.sh runs a sweep)
 //
 // After one warm-up, for --reps repetitions, it times:
-//   (a) ring_forward (and ring_backward with --backward 1) with RingStats: per ring step,
+//   (a) ring::forward (and ring::backward with --backward 1) with RingStats: per ring step,
 //       the compute seconds and the seconds blocked in MPI waits (communication not hidden);
 //   (b) the communication alone: the same ring of exchanges (ring::detail::Exchange, the
 //       byte count of a K/V block; for the backward, also the fp32 dK/dV accumulators that
@@ -310,11 +310,11 @@ int run(const Args& a, int argc, char** argv) {
   for (int rep = -1; rep < a.reps; ++rep) {  // rep -1: the warm-up
     ring::RingStats fs, bs;
     MPI_Barrier(MPI_COMM_WORLD);
-    ring::ring_forward(MPI_COMM_WORLD, layout, cview(q, H, d), cview(k, Hkv, d), cview(v, Hkv, dv), view(o, H, dv),
+    ring::forward(MPI_COMM_WORLD, layout, cview(q, H, d), cview(k, Hkv, d), cview(v, Hkv, dv), view(o, H, dv),
                        lse_view, opt, &fs);
     if (a.backward) {
       MPI_Barrier(MPI_COMM_WORLD);
-      ring::ring_backward(MPI_COMM_WORLD, layout, cview(q, H, d), cview(k, Hkv, d), cview(v, Hkv, dv),
+      ring::backward(MPI_COMM_WORLD, layout, cview(q, H, d), cview(k, Hkv, d), cview(v, Hkv, dv),
                           cview(o, H, dv), tileattn::SavedLseView(lse_view), cview(dout, H, dv), view(dq, H, d),
                           view(dk, Hkv, d), view(dvv, Hkv, dv), opt, &bs);
     }

@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
   tileattn::ForwardOptions options;
   options.causal = s.causal;
   options.execution.num_threads = opt.threads;
-  const tileattn::TilePlan plan = tileattn::plan_forward(w.q_view(), w.k_view(), w.v_view(), options);
+  const tileattn::TilePlan plan = tileattn::plan_forward(w.q_view(), w.k_view(), w.v_view(), options).tiles();
   const int workers = tileattn::worker_count(options.execution);
   std::printf("tileattn %s demo: B=%lld H=%lld N=%lld d=%lld %s, fp32, %d thread%s (%s backend)\n",
               tileattn::version, static_cast<long long>(s.batch),
@@ -232,8 +232,7 @@ int main(int argc, char** argv) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   for (float& x : dout) x = normal(rng);
-  tileattn::BackwardOptions backward_options;
-  static_cast<tileattn::ForwardOptions&>(backward_options) = options;
+  tileattn::BackwardOptions backward_options(options);
   const tileattn::SavedLseView saved_lse{tiled_lse.data(), {s.batch, s.heads, s.seqlen_q},
                                          {s.heads * s.seqlen_q, s.seqlen_q, 1}};
   auto run_backward = [&] {

@@ -2,7 +2,7 @@
 // your own functors: a custom mask_mod (prefix-LM: the first `prefix` tokens are seen by
 // every query, the rest causally) and a custom score_mod (a per-head penalty that grows with
 // the query-key distance, ALiBi-like), paired with its derivative for the backward. A block
-// mask is built once; flex_forward and flex_backward run with it. Sampled rows of O, the LSE
+// mask is built once; forward_flex and backward_flex run with it. Sampled rows of O, the LSE
 // and dQ are checked against a direct computation in double; exit code 1 on FAIL.
 //
 // A mask_mod is bool(b, h, q_idx, kv_idx); a score_mod is float(score, b, h, q_idx, kv_idx)
@@ -93,8 +93,8 @@ int main() {
   const auto in = [](const std::vector<float>& x) { return tileattn::make_bshd(x.data(), B, N, H, D); };
   const auto out = [](std::vector<float>& x) { return tileattn::make_bshd(x.data(), B, N, H, D); };
   const tileattn::LseView lse_view = tileattn::make_lse(lse.data(), B, H, N);
-  tileattn::flex_forward(in(q), in(k), in(v), out(o), lse_view, penalty, blocks);
-  tileattn::flex_backward(in(q), in(k), in(v), in(o), lse_view, in(dout), out(dq), out(dk), out(dv), penalty, blocks);
+  tileattn::forward_flex(in(q), in(k), in(v), out(o), lse_view, penalty, blocks);
+  tileattn::backward_flex(in(q), in(k), in(v), in(o), lse_view, in(dout), out(dq), out(dk), out(dv), penalty, blocks);
 
   // The derivative must match the function: a central difference at a few points.
   double grad_err = 0;

@@ -191,7 +191,7 @@ std::vector<float> run_model(const Model& model, tileattn::KvCache<float>& cache
   const auto o_bshd = tileattn::make_bshd(o.data(), batch, cu[1], heads_q, head_dim);
   std::optional<tileattn::PagedPlan> plan;
   if (uniform)
-    plan = tileattn::plan_paged(q_bshd, cache.k_pages(0), cache.v_pages(0), tables.block_table_view(),
+    plan = tileattn::plan_forward_paged(q_bshd, cache.k_pages(0), cache.v_pages(0), tables.block_table_view(),
                                 tables.seqlens(), o_bshd, tileattn::LseView{}, options);
 
   for (int l = 0; l < num_layers; ++l) {
@@ -209,10 +209,10 @@ std::vector<float> run_model(const Model& model, tileattn::KvCache<float>& cache
       tileattn::forward_paged(*plan, q_bshd, cache.k_pages(l), cache.v_pages(l), tables.block_table_view(),
                               tables.seqlens(), o_bshd, tileattn::LseView{}, options);
     } else {
-      tileattn::forward_paged_varlen(tileattn::make_thd<const float>(q.data(), total, heads_q, head_dim), cu,
+      tileattn::forward_paged_varlen(tileattn::make_thd<const float>(q.data(), total, heads_q, head_dim),
                                      cache.k_pages(l), cache.v_pages(l), tables.block_table_view(),
                                      tables.seqlens(), tileattn::make_thd(o.data(), total, heads_q, head_dim),
-                                     tileattn::PackedLseView{}, options);
+                                     tileattn::PackedLseView{}, cu, options);
     }
     for (int b = 0; b < batch; ++b) {
       const Sequence& s = seqs[feeds[b].seq];

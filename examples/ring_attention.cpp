@@ -77,13 +77,13 @@ int main(int argc, char** argv) {
   options.causal = true;
   std::vector<float> o_r(q_r.size()), lse_r(static_cast<std::size_t>(B * H * n));
   const auto lse_r_view = tileattn::make_lse(lse_r.data(), B, H, n);
-  ring::ring_forward(MPI_COMM_WORLD, layout, cview(q_r, n, H), cview(k_r, n, Hkv), cview(v_r, n, Hkv), view(o_r, n, H),
+  ring::forward(MPI_COMM_WORLD, layout, cview(q_r, n, H), cview(k_r, n, Hkv), cview(v_r, n, Hkv), view(o_r, n, H),
                      lse_r_view, options);
 
   // 5. The ring backward: dQ of this rank's queries; dK and dV of this rank's keys, summed
   //    over every rank's queries (they travel around the ring and come home).
   std::vector<float> dq_r(q_r.size()), dk_r(k_r.size()), dv_r(v_r.size());
-  ring::ring_backward(MPI_COMM_WORLD, layout, cview(q_r, n, H), cview(k_r, n, Hkv), cview(v_r, n, Hkv),
+  ring::backward(MPI_COMM_WORLD, layout, cview(q_r, n, H), cview(k_r, n, Hkv), cview(v_r, n, Hkv),
                       cview(o_r, n, H), tileattn::SavedLseView(lse_r_view), cview(dout_r, n, H), view(dq_r, n, H),
                       view(dk_r, n, Hkv), view(dv_r, n, Hkv), options);
 

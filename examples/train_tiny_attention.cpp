@@ -233,8 +233,7 @@ void backward(Model& m, const Batch& b, const Activations& a) {
 
   // The attention: dQ, dK, dV from Q, K, V, the forward's O and LSE, and dO.
   std::vector<float> dq(rows * d_model), dk(rows * d_model), dv(rows * d_model);
-  tileattn::BackwardOptions options;
-  static_cast<tileattn::ForwardOptions&>(options) = attention_options();  // the forward's options
+  const tileattn::BackwardOptions options(attention_options());  // the forward's options
   auto view = [](const std::vector<float>& t) {
     return tileattn::make_bshd(t.data(), batch, seqlen, heads, head_dim);
   };

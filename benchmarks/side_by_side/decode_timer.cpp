@@ -37,7 +37,7 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
   tileattn::PagedOptions opt;
   opt.execution = {tileattn::Backend::openmp, threads};
   const auto step = [&] {
-    tileattn::forward_paged<T>(tileattn::make_bshd<const T>(q.data(), b, 1, hq, d),
+    tileattn::forward_paged(tileattn::make_bshd<const T>(q.data(), b, 1, hq, d),
                                tileattn::make_bshd<const T>(k.data(), pages, page, hkv, d),
                                tileattn::make_bshd<const T>(v.data(), pages, page, hkv, d),
                                tileattn::make_block_table(table.data(), b, max_pages), lens,

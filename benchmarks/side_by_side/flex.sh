@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/side_by_side/flex.sh: tileattn's flex_forward and PyTorch's flex_attention
+# benchmarks/side_by_side/flex.sh: tileattn's forward_flex and PyTorch's flex_attention
 # (torch.compile'd on the CPU) on bench_flex's three workloads at H 16, d 128, B 1 (causal N
 # 4096; document 8 x 1024 packed in 8192; block-sparse N 8192 at 10% of 128 x 128 blocks, the
 # same layout on both sides), one after the other in one session: R (default 9) timed runs

@@ -1,4 +1,4 @@
-// benchmarks/side_by_side/flex_timer.cpp: times tileattn::flex_forward on one of bench_flex's
+// benchmarks/side_by_side/flex_timer.cpp: times tileattn::forward_flex on one of bench_flex's
 // three workloads (B 1, H 16, d 128): median, min and max GFLOP/s of R runs after one warm-up,
 // counting 4 d FLOPs per visible score (torch_flex.py's count; flex.sh runs both):
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/flex_timer.cpp
@@ -95,7 +95,7 @@ int time_flex(const char* workload, index_t n, const Mask& mask, int threads, in
   std::vector<double> s;
   for (int r = 0; r <= repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    flex_forward(make_bshd<const T>(q.data(), 1, n, heads, dim), make_bshd<const T>(k.data(), 1, n, heads, dim),
+    forward_flex(make_bshd<const T>(q.data(), 1, n, heads, dim), make_bshd<const T>(k.data(), 1, n, heads, dim),
                  make_bshd<const T>(v.data(), 1, n, heads, dim), make_bshd(o.data(), 1, n, heads, dim),
                  flex::no_score_mod{}, blocks, opts);
     if (r > 0) s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   std::vector<float> q(n * H * D + 1, 0.5f), k(q), v(q), o(q.size());
   tileattn::ForwardOptions opts;
   opts.causal = true;
-  tileattn::ring::ring_forward(MPI_COMM_WORLD, layout, tileattn::make_bshd(q.data(), 1, n, H, D),
+  tileattn::ring::forward(MPI_COMM_WORLD, layout, tileattn::make_bshd(q.data(), 1, n, H, D),
                                tileattn::make_bshd(k.data(), 1, n, H, D), tileattn::make_bshd(v.data(), 1, n, H, D),
                                tileattn::make_bshd(o.data(), 1, n, H, D), opts);
   if (rank == 0) std::printf("ring attention over %d rank(s): o[0] = %g\n", ranks, o[0]);

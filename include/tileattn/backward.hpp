@@ -5,7 +5,7 @@
 //   tileattn::ForwardOptions fwd;  fwd.causal = true;
 //   tileattn::forward(q, k, v, o, lse, fwd);          // keep O and the LSE
 //   ...                                               // the loss gives dO
-//   tileattn::BackwardOptions bwd;  static_cast<tileattn::ForwardOptions&>(bwd) = fwd;
+//   tileattn::BackwardOptions bwd(fwd);  // the forward's options
 //   tileattn::backward(q, k, v, o, lse, dout, dq, dk, dv, bwd);
 //
 // The options must be the forward's (the LSE is only valid for them). Gradients accumulate
@@ -32,10 +32,34 @@ using SavedLseView = StridedView<const float, 3>;
 /// The same for packed variable-length batches: [heads_q, total_q].
 using SavedPackedLseView = StridedView<const float, 2>;
 
-/// The tile plan backward() uses for a call of this shape with these options.
-inline BackwardPlan plan_backward(const BackwardShape& shape, const ForwardOptions& options = {}) {
+/// The tiles backward() chooses for a call of this shape with these options: the planner
+/// itself, for inspection (plan_backward makes the plan a call reuses).
+inline BackwardTilePlan backward_tiles(const BackwardShape& shape, const ForwardOptions& options = {}) {
   return plan_backward_tiles(shape, effective_sram_budget(options), worker_count(options.execution));
 }
+
+/// A backward call's plan (plan_backward), as ForwardPlan is the forward's: backward(plan,
+/// ...) reuses it for every call with the same shapes and options (checked: "plan").
+class BackwardPlan {
+ public:
+  struct Signature {  // everything the tiles depend on
+    BackwardShape shape;
+    std::size_t sram_budget_bytes = 0;
+    int workers = 1;
+    bool operator==(const Signature&) const = default;
+  };
+
+  explicit BackwardPlan(const Signature& signature)
+      : tiles_(plan_backward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers)),
+        signature_(signature) {}
+
+  const BackwardTilePlan& tiles() const { return tiles_; }
+  const Signature& signature() const { return signature_; }
+
+ private:
+  BackwardTilePlan tiles_;
+  Signature signature_;
+};
 
 namespace detail {
 
@@ -164,6 +188,19 @@ RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_s
   return r;
 }
 
+inline BackwardPlan::Signature backward_signature(const BackwardShape& shape, const ForwardOptions& options) {
+  return {shape, effective_sram_budget(options), worker_count(options.execution)};
+}
+
+/// The tiles of a checked call: the given plan's, checked against the call, or planned now.
+inline BackwardTilePlan call_tiles(const BackwardShape& shape, const ForwardOptions& options, const BackwardPlan* given) {
+  const BackwardPlan::Signature signature = backward_signature(shape, options);
+  if (given == nullptr) return plan_backward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers);
+  TILEATTN_REQUIRE(given->signature() == signature, "plan",
+                   "was made for another call (plan_backward: the same shapes, options and thread count)");
+  return given->tiles();
+}
+
 /// The checks both entry points share once the params are built, then the run with the
 /// score modifiers of `scores` (ops::BuiltinScores, or flex.hpp's). Where a saved LSE is
 /// large (needs_row_stats) and covers just these keys, P comes from the forward's row
@@ -171,11 +208,12 @@ RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_s
 /// ranks too, pass lse_of_these_keys = false and keep the saved LSE.
 template <class T, class Scores>
 void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
-                            const BackwardOptions& options, const Scores& scores, bool lse_of_these_keys = true) {
+                            const BackwardOptions& options, const Scores& scores, bool lse_of_these_keys = true,
+                            const BackwardPlan* given = nullptr) {
   check_backward_params(p, max_seqlen_q, max_seqlen_k, options);
   scores.check(p, max_seqlen_q, max_seqlen_k);
-  const BackwardPlan plan =
-      plan_backward(backward_shape(p, max_seqlen_q, max_seqlen_k, scores.has_slope(p.softcap)), options);
+  const BackwardTilePlan plan =
+      call_tiles(backward_shape(p, max_seqlen_q, max_seqlen_k, scores.has_slope(p.softcap)), options, given);
   if (p.dbias.data) {  // zero first: keys a row never sees get no gradient
     const StridedView<float, 4>& g = p.dbias;
     for (index_t b = 0; b < g.shape[0]; ++b)
@@ -198,19 +236,20 @@ template <class T, class Scores>
 void backward_scored(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
                      SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
                      TensorView<T> dv, const BackwardOptions& options, const Scores& scores,
-                     bool lse_of_these_keys = true) {
+                     bool lse_of_these_keys = true, const BackwardPlan* plan = nullptr) {
   check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
   check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
-  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores, lse_of_these_keys);
+  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores, lse_of_these_keys, plan);
 }
 
-/// backward() with its types resolved; lse_of_these_keys as check_and_run_backward's.
+/// backward() with its types resolved; lse_of_these_keys as check_and_run_backward's; plan:
+/// the caller's (nullptr: planned here).
 template <class T>
 void backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
               SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-              const BackwardOptions& options, bool lse_of_these_keys) {
-  backward_scored(q, k, v, o, lse, dout, dq, dk, dv, options, ops::BuiltinScores{}, lse_of_these_keys);
+              const BackwardOptions& options, bool lse_of_these_keys, const BackwardPlan* plan = nullptr) {
+  backward_scored(q, k, v, o, lse, dout, dq, dk, dv, options, ops::BuiltinScores{}, lse_of_these_keys, plan);
 }
 
 template <class T, class Scores>
@@ -235,13 +274,16 @@ void backward_varlen(PackedView<const T> q, PackedView<const T> k, PackedView<co
 }
 
 /// One storage type for every tensor of a backward call; the gradients must be writable.
+/// Returns whether there is, as check_element_types (forward.hpp).
 template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
-constexpr void check_backward_element_types() {
-  check_element_types<Q, K, V, std::remove_const_t<O>>();
+constexpr bool check_backward_element_types() {
+  const bool forward_ok = check_element_types<Q, K, V, std::remove_const_t<O>>();
   using T = std::remove_const_t<Q>;
   static_assert(std::is_same_v<T, std::remove_const_t<DO>>, "tileattn: dout must have q's element type");
   static_assert(std::is_same_v<T, DQ> && std::is_same_v<T, DK> && std::is_same_v<T, DV>,
                 "tileattn: dq, dk and dv must have q's element type (and must not be const)");
+  return forward_ok && std::is_same_v<T, std::remove_const_t<DO>> && std::is_same_v<T, DQ> &&
+         std::is_same_v<T, DK> && std::is_same_v<T, DV>;
 }
 
 }  // namespace detail
@@ -256,8 +298,29 @@ template <class Q, class K, class V, class O, class DO, class DQ, class DK, clas
 void backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
               SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq, const TensorView<DK>& dk,
               const TensorView<DV>& dv, const BackwardOptions& options = {}) {
+  if constexpr (detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>())
+    detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true);
+}
+
+/// backward() with a plan from plan_backward (checked against the call).
+template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
+void backward(const BackwardPlan& plan, const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+              const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq,
+              const TensorView<DK>& dk, const TensorView<DV>& dv, const BackwardOptions& options = {}) {
   detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true);
+  detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true, &plan);
+}
+
+/// The plan backward(plan, q, k, v, ...) reuses: made from the views' shapes and the
+/// options (the data are not read).
+template <class Q, class K, class V>
+BackwardPlan plan_backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+                           const BackwardOptions& options = {}) {
+  using T = std::remove_const_t<Q>;
+  const BackwardShape shape{q.shape[dim::head_dim], v.shape[dim::head_dim], q.shape[dim::seqlen], k.shape[dim::seqlen],
+                            q.shape[dim::batch] * k.shape[dim::heads], ops::BuiltinScores{}.has_slope(options.softcap),
+                            kernels::tile_operands_for<T>()};
+  return BackwardPlan(detail::backward_signature(shape, options));
 }
 
 /// backward() over packed variable-length batches (FlashAttention's varlen backward):
@@ -267,8 +330,8 @@ void backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packe
                      const PackedView<O>& o, SavedPackedLseView lse, const PackedView<DO>& dout,
                      const PackedView<DQ>& dq, const PackedView<DK>& dk, const PackedView<DV>& dv,
                      const VarlenSequences& seqs, const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::backward_varlen<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options);
+  if constexpr (detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>())
+    detail::backward_varlen<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options);
 }
 
 }  // namespace tileattn
@@ -280,7 +343,7 @@ void backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packe
       tileattn::TensorView<const T>, tileattn::TensorView<const T>, tileattn::TensorView<const T>,     \
       tileattn::TensorView<const T>, tileattn::SavedLseView, tileattn::TensorView<const T>,            \
       tileattn::TensorView<T>, tileattn::TensorView<T>, tileattn::TensorView<T>,                       \
-      const tileattn::BackwardOptions&, bool);                                                         \
+      const tileattn::BackwardOptions&, bool, const tileattn::BackwardPlan*);                          \
   KEYWORD template void tileattn::detail::backward_varlen<T>(                                          \
       tileattn::PackedView<const T>, tileattn::PackedView<const T>, tileattn::PackedView<const T>,     \
       tileattn::PackedView<const T>, tileattn::SavedPackedLseView, tileattn::PackedView<const T>,      \

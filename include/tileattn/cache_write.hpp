@@ -7,9 +7,9 @@
 //   std::vector<float> k_pool(P * S * Hkv * D), v_pool(P * S * Hkv * D);
 //   std::vector<std::int64_t> slots{3 * S + 0, 3 * S + 1, -1};   // tokens 0, 1 to page 3
 //   tileattn::write_kv_slots(tileattn::make_thd(k.data(), 3, Hkv, D),   // make_thd: forward.hpp
-//                            tileattn::make_thd(v.data(), 3, Hkv, D), slots,
+//                            tileattn::make_thd(v.data(), 3, Hkv, D),
 //                            tileattn::make_page_pool(k_pool.data(), P, S, Hkv, D),
-//                            tileattn::make_page_pool(v_pool.data(), P, S, Hkv, D));
+//                            tileattn::make_page_pool(v_pool.data(), P, S, Hkv, D), slots);
 //
 // Quantized pools (fp8_e4m3, fp8_e5m2, int8: core/quantized_types.hpp) take new rows in
 // float, bf16 or fp16 and their scales [num_pages or 1, heads_kv or 1] (PageScaleView), and
@@ -79,7 +79,7 @@ template <class T, class U>
 void check_rows_match_pool(const StridedView<T, 3>& rows, const std::string& rows_name,
                            const std::array<const char*, 3>& rows_dims, const PagePoolView<U>& pool,
                            const std::string& pool_name) {
-  for (int d : {1, 2})
+  for (std::size_t d : {1u, 2u})
     TILEATTN_REQUIRE(rows.shape[d] == pool.shape[d + 1], dim_name(rows_name, "shape", d, rows_dims[d]),
             "must equal " + pool_name + ".shape[" + std::to_string(d + 1) + "] = " +
                 std::to_string(pool.shape[d + 1]) + ", got " + std::to_string(rows.shape[d]));
@@ -156,7 +156,7 @@ PageScaleView check_page_scales(const PageScaleView& scales, const char* name, c
   check_view(scales, name, dims);
   const std::array<index_t, 2> want{pool.shape[0], pool.shape[2]};
   PageScaleView out = scales;
-  for (int d = 0; d < 2; ++d) {
+  for (std::size_t d = 0; d < 2; ++d) {
     const bool broadcast = !adaptive_scale<Q> && scales.shape[d] == 1;
     TILEATTN_REQUIRE(broadcast || scales.shape[d] == want[d], dim_name(name, "shape", d, dims[d]),
                      std::string("must be ") + (adaptive_scale<Q> ? "" : "1 or ") + std::to_string(want[d]) +
@@ -179,7 +179,7 @@ PageScaleView check_page_scales(const PageScaleView& scales, const char* name, c
       const float x = out(slot / page_size, h);
       if (!(std::isfinite(x) && (adaptive_scale<Q> ? x >= 0.0f : x > 0.0f)))
         throw invalid_argument(name, "entry [" + std::to_string(slot / page_size) + ", " + std::to_string(h) +
-                                         "] = " + std::to_string(x) + " must be finite and " +
+                                         "] = " + readable(x) + " must be finite and " +
                                          (adaptive_scale<Q> ? ">= 0 (0: a page that holds nothing yet)" : "> 0"));
     }
   }
@@ -225,13 +225,15 @@ void quantize_token(const StridedView<const S, 3>& rows, index_t token, const Pa
 /// slot % page_size) of k_cache and v_cache; slot -1 skips the token.
 /// k_new [num_tokens, heads_kv, head_dim], v_new [num_tokens, heads_kv, head_dim_v], the
 /// caches' page pools [num_pages, page_size, heads_kv, head_dim(_v)]; T is float, bf16 or
-/// fp16. T is deduced from the caches, so k_new and v_new may be const or not.
-template <class T>
-void write_kv_slots(std::type_identity_t<StridedView<const T, 3>> k_new,
-                    std::type_identity_t<StridedView<const T, 3>> v_new,
-                    std::span<const std::int64_t> slot_mapping, PagePoolView<T> k_cache,
-                    PagePoolView<T> v_cache) {
+/// fp16; k_new and v_new hold the caches' type and may be const or not.
+template <class SK, class SV, class T>
+  requires(!quantized_type<T>)
+void write_kv_slots(const StridedView<SK, 3>& new_k, const StridedView<SV, 3>& new_v, PagePoolView<T> k_cache,
+                    PagePoolView<T> v_cache, std::span<const std::int64_t> slot_mapping) {
   static_assert(storage_type<T>, "tileattn: write_kv_slots: the caches must hold float, bf16 or fp16");
+  static_assert(std::is_same_v<std::remove_const_t<SK>, T> && std::is_same_v<std::remove_const_t<SV>, T>,
+                "tileattn: write_kv_slots: k_new and v_new must hold the caches' element type");
+  const StridedView<const T, 3> k_new = new_k, v_new = new_v;
   detail::check_kv_write(k_new, v_new, slot_mapping, k_cache, v_cache);
   const index_t page_size = k_cache.shape[1];
   detail::check_slot_mapping(slot_mapping, k_new.shape[0], k_cache.shape[0] * page_size);
@@ -255,9 +257,9 @@ namespace tileattn {
 /// header comment says how int8 scales grow. Checked as write_kv_slots; nothing is
 /// written (scales included) when a check fails.
 template <quantized_type Q, class SK, class SV>
-void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new,
-                    std::span<const std::int64_t> slot_mapping, PagePoolView<Q> k_cache, PagePoolView<Q> v_cache,
-                    PageScaleView k_scale, PageScaleView v_scale) {
+void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<Q> k_cache,
+                    PagePoolView<Q> v_cache, std::span<const std::int64_t> slot_mapping, PageScaleView k_scale,
+                    PageScaleView v_scale) {
   using S = std::remove_const_t<SK>;
   static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
                 "tileattn: write_kv_slots: new K and V rows for a quantized cache must both hold float, bf16 or fp16");

@@ -10,13 +10,13 @@
 //         return s - slope[h] * float(i - j); },
 //       [](float, tileattn::index_t, tileattn::index_t, tileattn::index_t, tileattn::index_t) { return 1.0f; }};
 //   auto blocks = tileattn::create_block_mask(mask, 1, 1, N, N);   // once, reused by every layer
-//   tileattn::flex_forward(q, k, v, o, lse, bias, blocks);
-//   tileattn::flex_backward(q, k, v, o, lse, dout, dq, dk, dv, bias, blocks);
+//   tileattn::forward_flex(q, k, v, o, lse, bias, blocks);
+//   tileattn::backward_flex(q, k, v, o, lse, dout, dq, dk, dv, bias, blocks);
 //
 // The mask argument is a mask_mod (evaluated on every score) or a BlockMask (flex/block_mask.hpp;
 // its mask_mod evaluated only in partial blocks). Every ForwardOptions option still applies,
 // before the functors: softcap, bias and ALiBi, then score_mod, then the window, causal and
-// boolean masks, then the mask_mod (ops/flex_scores.hpp; docs/flex.md). Views, storage types
+// boolean masks, then the mask_mod (flex/scores.hpp; docs/flex.md). Views, storage types
 // (float, bf16, fp16; 8-bit K/V with scales), GQA, LSE and errors are forward()'s and
 // backward()'s.
 #pragma once
@@ -26,8 +26,8 @@
 #include "tileattn/backward.hpp"
 #include "tileattn/flex/block_mask.hpp"
 #include "tileattn/flex/mods.hpp"
+#include "tileattn/flex/scores.hpp"
 #include "tileattn/forward.hpp"
-#include "tileattn/ops/flex_scores.hpp"
 
 namespace tileattn {
 
@@ -58,82 +58,85 @@ auto flex_scores(const ScoreMod& score_mod, const Mask& mask) {
   }
 }
 
+/// Each check returns whether it passed, as check_element_types (forward.hpp).
 template <class ScoreMod, class Mask>
-constexpr void check_flex_types() {
+constexpr bool check_flex_types() {
   static_assert(score_mod_function<ScoreMod>,
                 "tileattn: a score_mod must be callable as float(float score, index_t b, index_t h, index_t q_idx, "
                 "index_t kv_idx) (tileattn::flex::no_score_mod for none; flex/mods.hpp)");
   static_assert(mask_mod_function<typename mask_mod_type<Mask>::type>,
                 "tileattn: the mask must be a tileattn::BlockMask or callable as bool(index_t b, index_t h, "
                 "index_t q_idx, index_t kv_idx) (tileattn::flex::no_mask for none; flex/mods.hpp)");
+  return score_mod_function<ScoreMod> && mask_mod_function<typename mask_mod_type<Mask>::type>;
 }
 
 template <class ScoreMod>
-constexpr void check_flex_grad() {
+constexpr bool check_flex_grad() {
   static_assert(score_mod_with_grad<ScoreMod>,
-                "tileattn: flex_backward needs the derivative of the score_mod: give it a member "
+                "tileattn: backward_flex needs the derivative of the score_mod: give it a member "
                 "grad(score, b, h, q_idx, kv_idx) returning d score_mod / d score, or pair it with its "
                 "derivative: tileattn::flex::with_grad{score_mod, derivative}");
+  return score_mod_with_grad<ScoreMod>;
 }
 }  // namespace detail
 
 /// forward() with a score_mod and a mask (a mask_mod or a BlockMask): O and, when lse.data
 /// is set, the log-sum-exp, under FlexAttention's semantics (flex/mods.hpp).
 template <class Q, class K, class V, class O, class ScoreMod, class Mask>
-void flex_forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
+void forward_flex(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
                   LseView lse, const ScoreMod& score_mod, const Mask& mask, const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::forward_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, options, detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>())
+    detail::forward_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, options, detail::flex_scores(score_mod, mask));
 }
 
-/// flex_forward() without the log-sum-exp output.
+/// forward_flex() without the log-sum-exp output.
 template <class Q, class K, class V, class O, class ScoreMod, class Mask>
   requires score_mod_function<ScoreMod>
-void flex_forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
+void forward_flex(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
                   const ScoreMod& score_mod, const Mask& mask, const ForwardOptions& options = {}) {
-  flex_forward(q, k, v, o, LseView{}, score_mod, mask, options);
+  forward_flex(q, k, v, o, LseView{}, score_mod, mask, options);
 }
 
-/// flex_forward() over packed variable-length batches (forward_varlen()'s layout): b is the
+/// forward_flex() over packed variable-length batches (forward_varlen()'s layout): b is the
 /// sequence, q_idx and kv_idx count from its start; a block mask covers [batch or 1, heads
 /// or 1, max_seqlen_q, max_seqlen_k].
 template <class Q, class K, class V, class O, class ScoreMod, class Mask>
-void flex_forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
+void forward_flex_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
                          const PackedView<O>& o, PackedLseView lse, const VarlenSequences& seqs,
                          const ScoreMod& score_mod, const Mask& mask, const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::forward_varlen_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options,
-                                                           detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>())
+    detail::forward_varlen_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options,
+                                                             detail::flex_scores(score_mod, mask));
 }
 
-/// The gradients of a flex_forward() call (backward()'s contract): the same score_mod and
+/// The gradients of a forward_flex() call (backward()'s contract): the same score_mod and
 /// mask, which must give its derivative (member grad; flex::with_grad). Not with dbias
 /// when the score_mod modifies scores.
 template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV, class ScoreMod, class Mask>
-void flex_backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
+void backward_flex(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v, const TensorView<O>& o,
                    SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq, const TensorView<DK>& dk,
                    const TensorView<DV>& dv, const ScoreMod& score_mod, const Mask& mask,
                    const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::check_flex_grad<ScoreMod>();
-  detail::backward_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  constexpr bool mods_ok = detail::check_flex_types<ScoreMod, Mask>() && detail::check_flex_grad<ScoreMod>();
+  if constexpr (types_ok && mods_ok)
+    detail::backward_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, detail::flex_scores(score_mod, mask));
 }
 
-/// flex_backward() over packed variable-length batches (backward_varlen()'s layout).
+/// backward_flex() over packed variable-length batches (backward_varlen()'s layout).
 template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV, class ScoreMod, class Mask>
-void flex_backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
+void backward_flex_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
                           const PackedView<O>& o, SavedPackedLseView lse, const PackedView<DO>& dout,
                           const PackedView<DQ>& dq, const PackedView<DK>& dk, const PackedView<DV>& dv,
                           const VarlenSequences& seqs, const ScoreMod& score_mod, const Mask& mask,
                           const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::check_flex_types<ScoreMod, Mask>();
-  detail::check_flex_grad<ScoreMod>();
-  detail::backward_varlen_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options,
-                                     detail::flex_scores(score_mod, mask));
+  constexpr bool types_ok = detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  constexpr bool mods_ok = detail::check_flex_types<ScoreMod, Mask>() && detail::check_flex_grad<ScoreMod>();
+  if constexpr (types_ok && mods_ok)
+    detail::backward_varlen_scored<DQ>(q, k, v, o, lse, dout, dq, dk, dv, seqs, options,
+                                       detail::flex_scores(score_mod, mask));
 }
 
 }  // namespace tileattn

@@ -46,11 +46,37 @@ inline std::size_t effective_sram_budget(const ForwardOptions& options) {
   return options.sram_budget_bytes ? options.sram_budget_bytes : per_core_cache_bytes();
 }
 
-/// The tile plan forward() uses for a call of this shape with these options (the budget,
-/// and the thread count, which may split query tiles so that every worker has work).
-inline TilePlan plan_forward(const PlanShape& shape, const ForwardOptions& options = {}) {
+/// The tiles forward() chooses for a call of this shape with these options (the budget,
+/// and the thread count, which may split query tiles so that every worker has work): the
+/// planner itself, for inspection (plan_forward makes the plan a call reuses).
+inline TilePlan forward_tiles(const PlanShape& shape, const ForwardOptions& options = {}) {
   return plan_forward_tiles(shape, effective_sram_budget(options), worker_count(options.execution));
 }
+
+/// A forward call's plan (plan_forward): the tiles chosen for its shapes, budget and thread
+/// count. forward(plan, ...) reuses it for every call with the same shapes and options
+/// (checked: a call it was not made for throws tileattn::invalid_argument naming "plan").
+/// Immutable: one plan may serve concurrent calls.
+class ForwardPlan {
+ public:
+  struct Signature {  // everything the tiles depend on
+    PlanShape shape;
+    std::size_t sram_budget_bytes = 0;
+    int workers = 1;
+    bool operator==(const Signature&) const = default;
+  };
+
+  explicit ForwardPlan(const Signature& signature)
+      : tiles_(plan_forward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers)),
+        signature_(signature) {}
+
+  const TilePlan& tiles() const { return tiles_; }
+  const Signature& signature() const { return signature_; }
+
+ private:
+  TilePlan tiles_;
+  Signature signature_;
+};
 
 namespace detail {
 /// The planner's view of a call on q, k, v: `sequences` sequences of at most max_seqlen_q
@@ -64,9 +90,11 @@ PlanShape plan_shape(const TensorView<T>& q, const TensorView<K>& k, const Tenso
 }
 
 /// One storage type for Q and O, one for K and V: Q's, or an 8-bit type with scales (Q/K/V
-/// may be const or not; O may not).
+/// may be const or not; O may not). Returns whether they are, so that an entry point can
+/// skip the kernels when they are not (`if constexpr`): the failed static_assert is then the
+/// only error, not the first of ~300 lines from inside the kernels (issue 28).
 template <class Q, class K, class V, class O>
-constexpr void check_element_types() {
+constexpr bool check_element_types() {
   using T = std::remove_const_t<Q>;
   using KV = std::remove_const_t<K>;
   static_assert(storage_type<T>,
@@ -78,15 +106,25 @@ constexpr void check_element_types() {
   static_assert(std::is_same_v<T, KV> || quantized_type<KV>,
                 "tileattn: K and V must have Q's element type, or an 8-bit one with scales "
                 "(tileattn::fp8_e4m3, fp8_e5m2 or std::int8_t: core/quantized_types.hpp)");
+  return storage_type<T> && std::is_same_v<T, O> && std::is_same_v<KV, std::remove_const_t<V>> &&
+         (std::is_same_v<T, KV> || quantized_type<KV>);
 }
 }  // namespace detail
 
-/// The tile plan forward(q, k, v, ...) uses with these options.
-template <class T>
-TilePlan plan_forward(const TensorView<T>& q, const TensorView<T>& k, const TensorView<T>& v,
-                      const ForwardOptions& options = {}) {
-  return plan_forward(detail::plan_shape(q, k, v, q.shape[dim::batch], q.shape[dim::seqlen], k.shape[dim::seqlen]),
-                      options);
+namespace detail {
+inline ForwardPlan::Signature forward_signature(const PlanShape& shape, const ForwardOptions& options) {
+  return {shape, effective_sram_budget(options), worker_count(options.execution)};
+}
+}  // namespace detail
+
+/// The plan forward(plan, q, k, v, ...) reuses: made from the views' shapes and the options
+/// (the data are not read).
+template <class Q, class K, class V>
+ForwardPlan plan_forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+                         const ForwardOptions& options = {}) {
+  const PlanShape shape =
+      detail::plan_shape(q, k, v, q.shape[dim::batch], q.shape[dim::seqlen], k.shape[dim::seqlen]);
+  return ForwardPlan(detail::forward_signature(shape, options));
 }
 
 namespace detail {
@@ -116,12 +154,22 @@ inline void check_budget(const ForwardOptions& options) {
               std::to_string(options.sram_budget_bytes));
 }
 
-/// Checks what the score source needs (a flex call's block mask), plans and runs.
+/// The tiles of a checked call: the given plan's, checked against the call, or planned now.
+inline TilePlan call_tiles(const PlanShape& shape, const ForwardOptions& options, const ForwardPlan* given) {
+  const ForwardPlan::Signature signature = forward_signature(shape, options);
+  if (given == nullptr) return plan_forward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers);
+  TILEATTN_REQUIRE(given->signature() == signature, "plan",
+                   "was made for another call (plan_forward: the same shapes, sram_budget_bytes and thread count)");
+  return given->tiles();
+}
+
+/// Checks what the score source needs (a flex call's block mask), plans (or checks the
+/// caller's plan) and runs.
 template <class T, class KV, class Scores>
 void run(const ForwardParams<T, KV>& p, index_t max_seqlen_q, index_t max_seqlen_k,
-         const ForwardOptions& options, const Scores& scores) {
+         const ForwardOptions& options, const Scores& scores, const ForwardPlan* given = nullptr) {
   scores.check(p, max_seqlen_q, max_seqlen_k);
-  const TilePlan plan = plan_forward(plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k), options);
+  const TilePlan plan = call_tiles(plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k), options, given);
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo>(p, plan, options.execution, scores);
   } else {
@@ -134,6 +182,20 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
   return {v.data, {1, v.shape[0], v.shape[1], v.shape[2]}, {0, v.stride[0], v.stride[1], v.stride[2]}};
 }
 
+/// The checks every forward-family call (forward, varlen, flex, paged) makes once its params
+/// and sequences are set, in one order: the 8-bit scales (`scales_of` names their leading
+/// dimension, e.g. "batch" or "num_pages", of extent `scales_extent`), the options against
+/// `sequences` sequences of at most max_seqlen_q / max_seqlen_k, the budget, and aliasing
+/// (every output against every input and index array).
+template <class T, class KV>
+void check_call(ForwardParams<T, KV>& p, const ForwardOptions& options, const char* scales_of, index_t scales_extent,
+                index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k) {
+  set_kv_scales(p, options, scales_of, scales_extent);
+  check_options(p, sequences, max_seqlen_q, max_seqlen_k, options.execution);
+  check_budget(options);
+  check_aliasing(p);
+}
+
 /// Every check forward() makes of its arguments, and the params they give (also how
 /// distributed/ring.hpp validates a rank's shard before any transfer).
 template <class T, class KV>
@@ -142,10 +204,7 @@ ForwardParams<T, KV> checked_params(TensorView<const T> q, TensorView<const KV> 
   check_qkvo(q, k, v, o, padded_layout);
   check_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   ForwardParams<T, KV> p = make_params(q, k, v, o, lse, options);
-  set_kv_scales(p, options, "batch", q.shape[dim::batch]);
-  check_options(p, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen], options.execution);
-  check_budget(options);
-  check_aliasing(p);
+  check_call(p, options, "batch", q.shape[dim::batch], p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen]);
   return p;
 }
 
@@ -153,15 +212,17 @@ ForwardParams<T, KV> checked_params(TensorView<const T> q, TensorView<const KV> 
 /// a score_mod and mask_mod besides).
 template <class T, class KV, class Scores>
 void forward_scored(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
-                    LseView lse, const ForwardOptions& options, const Scores& scores) {
+                    LseView lse, const ForwardOptions& options, const Scores& scores,
+                    const ForwardPlan* plan = nullptr) {
   const ForwardParams<T, KV> p = checked_params(q, k, v, o, lse, options);
-  run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores);
+  run(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores, plan);
 }
 
+/// forward() with its types resolved; plan: the caller's (nullptr: planned here).
 template <class T, class KV = T>
 void forward(TensorView<const T> q, TensorView<const KV> k, TensorView<const KV> v, TensorView<T> o,
-             LseView lse, const ForwardOptions& options) {
-  forward_scored(q, k, v, o, lse, options, ops::BuiltinScores{});
+             LseView lse, const ForwardOptions& options, const ForwardPlan* plan = nullptr) {
+  forward_scored(q, k, v, o, lse, options, ops::BuiltinScores{}, plan);
 }
 
 /// Checks a packed batch's sequences against the packed row counts (total_q, total_k) and
@@ -189,10 +250,7 @@ void forward_varlen_scored(PackedView<const T> q, PackedView<const KV> k, Packed
   const LseView lse4{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   ForwardParams<T, KV> p = make_params(unpack(q), unpack(k), unpack(v), unpack(o), lse4, options);
   set_sequences(p, seqs, q.shape[0], k.shape[0]);
-  set_kv_scales(p, options, "batch", p.num_sequences);
-  check_options(p, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k, options.execution);
-  check_budget(options);
-  check_aliasing(p);  // outputs against cu_seqlens too (check_disjoint_from_indices)
+  check_call(p, options, "batch", p.num_sequences, p.num_sequences, seqs.max_seqlen_q, seqs.max_seqlen_k);
   run(p, seqs.max_seqlen_q, seqs.max_seqlen_k, options, scores);
 }
 
@@ -218,8 +276,8 @@ void forward_varlen(PackedView<const T> q, PackedView<const KV> k, PackedView<co
 template <class Q, class K, class V, class O>
 void forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
              const TensorView<O>& o, LseView lse, const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options);
+  if constexpr (detail::check_element_types<Q, K, V, O>())
+    detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options);
 }
 
 /// forward() without the log-sum-exp output.
@@ -227,6 +285,21 @@ template <class Q, class K, class V, class O>
 void forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
              const TensorView<O>& o, const ForwardOptions& options = {}) {
   forward(q, k, v, o, LseView{}, options);
+}
+
+/// forward() with a plan from plan_forward (checked against the call).
+template <class Q, class K, class V, class O>
+void forward(const ForwardPlan& plan, const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+             const TensorView<O>& o, LseView lse, const ForwardOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options, &plan);
+}
+
+/// forward(plan, ...) without the log-sum-exp output.
+template <class Q, class K, class V, class O>
+void forward(const ForwardPlan& plan, const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+             const TensorView<O>& o, const ForwardOptions& options = {}) {
+  forward(plan, q, k, v, o, LseView{}, options);
 }
 
 /// forward() over packed variable-length batches (FlashAttention's flash_attn_varlen_func):
@@ -238,8 +311,8 @@ template <class Q, class K, class V, class O>
 void forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const PackedView<V>& v,
                     const PackedView<O>& o, PackedLseView lse, const VarlenSequences& seqs,
                     const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::forward_varlen<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options);
+  if constexpr (detail::check_element_types<Q, K, V, O>())
+    detail::forward_varlen<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options);
 }
 
 }  // namespace tileattn
@@ -252,7 +325,8 @@ void forward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packed
 #define TILEATTN_INSTANTIATE_FORWARD(KEYWORD, T)                                                    \
   KEYWORD template void tileattn::detail::forward<T>(                                              \
       tileattn::TensorView<const T>, tileattn::TensorView<const T>, tileattn::TensorView<const T>, \
-      tileattn::TensorView<T>, tileattn::LseView, const tileattn::ForwardOptions&);                \
+      tileattn::TensorView<T>, tileattn::LseView, const tileattn::ForwardOptions&,                 \
+      const tileattn::ForwardPlan*);                                                               \
   KEYWORD template void tileattn::detail::forward_varlen<T>(                                       \
       tileattn::PackedView<const T>, tileattn::PackedView<const T>, tileattn::PackedView<const T>, \
       tileattn::PackedView<T>, tileattn::PackedLseView, const tileattn::VarlenSequences&,          \

@@ -101,6 +101,13 @@ class KvCache {
                 "tileattn::fp8_e5m2 or std::int8_t");
   static constexpr bool quantized = quantized_type<T>;
 
+  /// Whether write() and append() take rows of RowK and RowV, const or not: T, or float, bf16
+  /// or fp16 for an 8-bit cache; the same type for K and V.
+  template <class RowK, class RowV>
+  static constexpr bool takes_rows =
+      std::is_same_v<std::remove_const_t<RowK>, std::remove_const_t<RowV>> &&
+      (quantized ? storage_type<std::remove_const_t<RowK>> : std::is_same_v<std::remove_const_t<RowK>, T>);
+
  public:
   /// Sequence lengths are int32 (cache_seqlens), and so are page ids (block tables).
   static constexpr index_t max_length = std::numeric_limits<std::int32_t>::max();
@@ -112,10 +119,13 @@ class KvCache {
     std::vector<std::int32_t> cache_seqlens;
     index_t max_pages = 1;
 
-    StridedView<const std::int32_t, 2> block_table_view() const {
+    StridedView<const std::int32_t, 2> block_table_view() const& {
       return {block_table.data(), {static_cast<index_t>(cache_seqlens.size()), max_pages}, {max_pages, 1}};
     }
-    std::span<const std::int32_t> seqlens() const { return cache_seqlens; }
+    std::span<const std::int32_t> seqlens() const& { return cache_seqlens; }
+    // A view of a temporary would dangle: keep the tables, `const auto tables = cache.batch(ids);`.
+    void block_table_view() const&& = delete;
+    void seqlens() const&& = delete;
   };
 
   explicit KvCache(const KvCacheConfig& config) : config_(checked(config)) {
@@ -188,13 +198,16 @@ class KvCache {
   {
     write_rows(layer, sequence, position0, k_new, v_new);
   }
-  template <class RowK, class RowV>
+  template <class RowK, class RowV>  // an 8-bit cache's rows, or rows of the wrong type (one clear error)
   void write(index_t layer, SequenceId sequence, index_t position0, const StridedView<RowK, 3>& k_rows,
              const StridedView<RowV, 3>& v_rows)
-    requires quantized
+    requires(quantized || !takes_rows<RowK, RowV>)
   {
-    using S = row_type<RowK, RowV>;
-    write_rows(layer, sequence, position0, StridedView<const S, 3>(k_rows), StridedView<const S, 3>(v_rows));
+    check_row_types<RowK, RowV>();
+    if constexpr (takes_rows<RowK, RowV>) {
+      using S = std::remove_const_t<RowK>;
+      write_rows(layer, sequence, position0, StridedView<const S, 3>(k_rows), StridedView<const S, 3>(v_rows));
+    }
   }
 
   /// write() of the last n = k_new.shape[0] positions: the ones extend(sequence, n) reserved.
@@ -205,9 +218,10 @@ class KvCache {
   }
   template <class RowK, class RowV>
   void write(index_t layer, SequenceId sequence, const StridedView<RowK, 3>& k_new, const StridedView<RowV, 3>& v_new)
-    requires quantized
+    requires(quantized || !takes_rows<RowK, RowV>)
   {
-    write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
+    check_row_types<RowK, RowV>();
+    if constexpr (takes_rows<RowK, RowV>) write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
   }
 
  private:
@@ -232,10 +246,10 @@ class KvCache {
       slots[static_cast<std::size_t>(i)] = page * page_size() + (position0 + i) % page_size();
     }
     if constexpr (quantized) {
-      write_kv_slots(k_new, v_new, slots, k_pages(layer), v_pages(layer), scales_view(k_scales_, layer),
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, scales_view(k_scales_, layer),
                      scales_view(v_scales_, layer));
     } else {
-      write_kv_slots<T>(k_new, v_new, slots, k_pages(layer), v_pages(layer));
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots);
     }
   }
 
@@ -260,10 +274,13 @@ class KvCache {
   }
   template <class RowK, class RowV>
   void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows)
-    requires quantized
+    requires(quantized || !takes_rows<RowK, RowV>)
   {
-    using S = row_type<RowK, RowV>;
-    append_rows(sequence, TensorView<const S>(k_rows), TensorView<const S>(v_rows));
+    check_row_types<RowK, RowV>();
+    if constexpr (takes_rows<RowK, RowV>) {
+      using S = std::remove_const_t<RowK>;
+      append_rows(sequence, TensorView<const S>(k_rows), TensorView<const S>(v_rows));
+    }
   }
 
  private:
@@ -315,26 +332,33 @@ class KvCache {
   }
 
   index_t length(SequenceId sequence) const { return at(sequence).length; }
-  std::span<const std::int32_t> pages(SequenceId sequence) const { return at(sequence).pages; }
+  std::span<const std::int32_t> pages(SequenceId sequence) const& { return at(sequence).pages; }
   bool contains(SequenceId sequence) const { return sequences_.count(sequence) != 0; }
 
-  PagePoolView<T> k_pages(index_t layer) { return pool_view(k_pools_, layer, config_.head_dim); }
-  PagePoolView<T> v_pages(index_t layer) { return pool_view(v_pools_, layer, config_.head_dim_v); }
-  PagePoolView<const T> k_pages(index_t layer) const { return pool_view(k_pools_, layer, config_.head_dim); }
-  PagePoolView<const T> v_pages(index_t layer) const { return pool_view(v_pools_, layer, config_.head_dim_v); }
+  PagePoolView<T> k_pages(index_t layer) & { return pool_view(k_pools_, layer, config_.head_dim); }
+  PagePoolView<T> v_pages(index_t layer) & { return pool_view(v_pools_, layer, config_.head_dim_v); }
+  PagePoolView<const T> k_pages(index_t layer) const& { return pool_view(k_pools_, layer, config_.head_dim); }
+  PagePoolView<const T> v_pages(index_t layer) const& { return pool_view(v_pools_, layer, config_.head_dim_v); }
 
   /// An 8-bit cache's scales of `layer`, as forward_paged's options.k_scale / v_scale take
   /// them: [num_pages, heads_kv] (int8) or [1, heads_kv] (fp8, per K/V head).
-  KvScaleView k_scales(index_t layer) const
+  KvScaleView k_scales(index_t layer) const&
     requires quantized
   {
     return scales_view(k_scales_, layer);
   }
-  KvScaleView v_scales(index_t layer) const
+  KvScaleView v_scales(index_t layer) const&
     requires quantized
   {
     return scales_view(v_scales_, layer);
   }
+
+  // Views of a temporary cache would dangle (as views of a temporary Eigen tensor, eigen.hpp).
+  void pages(SequenceId) const&& = delete;
+  void k_pages(index_t) const&& = delete;
+  void v_pages(index_t) const&& = delete;
+  void k_scales(index_t) const&& = delete;
+  void v_scales(index_t) const&& = delete;
 
   const KvCacheConfig& config() const { return config_; }  // head_dim_v filled in
   index_t num_layers() const { return config_.num_layers; }
@@ -355,12 +379,12 @@ class KvCache {
   };
   using FreeList = std::priority_queue<std::int32_t, std::vector<std::int32_t>, std::greater<>>;
 
-  /// The element type of new rows: T, or float, bf16 or fp16 for an 8-bit cache.
   template <class RowK, class RowV>
-  using row_type = typename std::enable_if_t<
-      std::is_same_v<std::remove_const_t<RowK>, std::remove_const_t<RowV>> &&
-          (quantized ? storage_type<std::remove_const_t<RowK>> : std::is_same_v<std::remove_const_t<RowK>, T>),
-      std::type_identity<std::remove_const_t<RowK>>>::type;
+  static constexpr void check_row_types() {
+    static_assert(takes_rows<RowK, RowV>,
+                  "tileattn: KvCache<T>::write and append take k_new and v_new rows of the cache's element type T "
+                  "(an 8-bit cache: float, bf16 or fp16 rows), the same element type for both");
+  }
 
   /// fp8: layer l's per-head scales from the config's k_scale or v_scale.
   std::vector<float> layer_scales(const std::vector<float>& given, index_t l) const {
@@ -492,7 +516,7 @@ class KvCache {
     TILEATTN_REQUIRE(ok, name, "must be in " + range + ", got " + std::to_string(value));
   }
   template <class S, int R>
-  static void require_extent(const StridedView<const S, R>& view, const char* name, int d, const char* meaning,
+  static void require_extent(const StridedView<const S, R>& view, const char* name, std::size_t d, const char* meaning,
                              index_t want) {
     TILEATTN_REQUIRE(view.shape[d] == want, detail::dim_name(name, "shape", d, meaning),
                     "must equal the cache's " + std::string(meaning) + " = " + std::to_string(want) + ", got " +

@@ -12,6 +12,7 @@
 #include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/detail/paged_checks.hpp"
 #include "tileattn/kernels/merge.hpp"
+#include "tileattn/memory/io_counter.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 
 namespace tileattn {
@@ -42,9 +43,9 @@ void merge_states(std::span<const TensorView<const T>> os, std::span<const Strid
   for (std::size_t c = 0; c < os.size(); ++c) {
     const std::string name = "states[" + std::to_string(c) + "]", lse_name = "lse_states[" + std::to_string(c) + "]";
     check_view(os[c], name, padded_layout.names);
-    for (int d = 0; d < 4; ++d) check_same_extent(o, "o", os[c], name, d, padded_layout.names[d]);
+    for (std::size_t d = 0; d < 4; ++d) check_same_extent(o, "o", os[c], name, d, padded_layout.names[d]);
     check_view(lses[c], lse_name, lse_dims);
-    for (int d = 0; d < 3; ++d)
+    for (std::size_t d = 0; d < 3; ++d)
       TILEATTN_REQUIRE(lses[c].shape[d] == lse_shape[d], dim_name(lse_name, "shape", d, lse_dims[d]),
               "must be " + std::to_string(lse_shape[d]) + ", got " + std::to_string(lses[c].shape[d]));
     if (!same(o, os[c])) check_disjoint(o, "o", os[c], name);

@@ -17,7 +17,7 @@
 // whose partial results are merged exactly; the chunking depends on the batch's shape only,
 // so every thread count gives the same bits (PagedOptions::num_splits chooses it).
 //
-// A PagedPlan (plan_paged) holds the tile plan, the chunking and the work list of a batch
+// A PagedPlan (plan_forward_paged) holds the tile plan, the chunking and the work list of a batch
 // shape; forward_paged(plan, ...) reuses it, e.g. across the layers of one decode step.
 #pragma once
 
@@ -52,20 +52,6 @@ struct PagedOptions : ForwardOptions {
 };
 
 namespace detail {
-/// An input view whose element type follows the output's (so non-const views convert).
-template <class V>
-using In = const std::type_identity_t<V>&;
-
-/// The K/V storage type of pools of element types K and V (const or not): one type.
-template <class K, class V>
-struct kv_of {
-  static_assert(std::is_same_v<std::remove_const_t<K>, std::remove_const_t<V>>,
-                "tileattn: k_cache and v_cache must have the same element type");
-  using type = std::remove_const_t<K>;
-};
-template <class K, class V>
-using KvOf = typename kv_of<K, V>::type;
-
 /// Split-KV's automatic choice: chunks of at least min_split_keys keys, sized so that the
 /// batch has about split_target_items (sequence, K/V head, chunk) items: enough for 16
 /// workers with 4 items each.
@@ -75,7 +61,7 @@ inline constexpr index_t split_max_query_rows = 256;
 }  // namespace detail
 
 /// A batch shape's plan: the tile plan, the key chunking and the work list, made once
-/// (plan_paged) and reused by forward_paged for every call with the same shapes, query
+/// (plan_forward_paged) and reused by forward_paged for every call with the same shapes, query
 /// lengths, cache_seqlens, masks and options (checked; a mismatch throws "plan").
 /// Immutable: one plan may serve concurrent calls.
 class PagedPlan {
@@ -83,7 +69,6 @@ class PagedPlan {
   const TilePlan& tiles() const { return tiles_; }
   /// Keys per split-KV chunk (0: no split).
   index_t keys_per_split() const { return split_.keys_per_split; }
-  index_t work_items() const { return work_.size(); }
   /// The partial-state rows split-KV writes (each head_dim_v + 2 floats: O, max and sum).
   index_t partial_rows() const { return work_.partial_rows(); }
 
@@ -149,7 +134,7 @@ PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, inde
                           const PagedOptions& options) {
   const PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
                         p.batch() * p.heads_kv(), kernels::tile_operands_for<T>()};
-  const TilePlan tiles = plan_forward(shape, options);
+  const TilePlan tiles = forward_tiles(shape, options);
   const index_t heads_per_item = kernels::in_place_heads_per_item(p, tiles);
   const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options.num_splits, heads_per_item);
   return {tiles, split, kernels::ForwardWorkList(p, tiles, split, heads_per_item), paged_signature(p, options)};
@@ -183,9 +168,6 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
                         TensorView<const KV> k_cache, TensorView<const KV> v_cache, BlockTableView block_table,
                         std::span<const std::int32_t> cache_seqlens, TensorView<T> o, LseView lse,
                         const PagedOptions& options) {
-  static_assert(std::is_same_v<T, KV> || quantized_type<KV>,
-                "tileattn: k_cache and v_cache must have Q's element type, or an 8-bit one with scales "
-                "(tileattn::fp8_e4m3, fp8_e5m2 or std::int8_t: core/quantized_types.hpp)");
   const bool varlen = !cu_seqlens_q.empty();
   check_page_pools(k_cache, v_cache);
   check_paged_queries(q, o, k_cache, v_cache, varlen);
@@ -208,10 +190,7 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
                                      k_cache.shape[dim::seqlen]);
   p.block_table = block_table;
   p.cache_seqlens = cache_seqlens.data();
-  set_kv_scales(p, options, "num_pages", k_cache.shape[dim::batch]);
-  check_options(p, batch, call.longest_q, call.longest_k, options.execution);
-  check_budget(options);
-  check_aliasing(p);  // O and LSE against the block table and the lengths too
+  check_call(p, options, "num_pages", k_cache.shape[dim::batch], batch, call.longest_q, call.longest_k);
   return call;
 }
 
@@ -219,12 +198,13 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
 
 /// The plan forward_paged(q, k_cache, v_cache, block_table, cache_seqlens, ...) makes for
 /// this batch (checks every argument as the call would; the data are not read).
-template <class T, class K, class V>
-PagedPlan plan_paged(detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
-                     const TensorView<V>& v_cache, BlockTableView block_table,
-                     std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
-                     const PagedOptions& options = {}) {
-  const auto call = detail::paged_call<T, detail::KvOf<K, V>>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+template <class Q, class K, class V, class O>
+PagedPlan plan_forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                             BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                             const TensorView<O>& o, LseView lse, const PagedOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                  o, lse, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
@@ -233,32 +213,34 @@ PagedPlan plan_paged(detail::In<TensorView<const T>> q, const TensorView<K>& k_c
 /// cache_seqlens[b] keys in pages block_table[b, 0], [b, 1], ...; o like q with head_dim_v,
 /// lse [batch, heads_q, seqlen_q] (optional). Every argument is checked first: a bad one
 /// throws tileattn::invalid_argument naming it, and nothing is written.
-template <class T, class K, class V>
-void forward_paged(detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
-                   const TensorView<V>& v_cache, BlockTableView block_table,
-                   std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
-                   const PagedOptions& options = {}) {
-  const auto call = detail::paged_call<T, detail::KvOf<K, V>>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+template <class Q, class K, class V, class O>
+void forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                   BlockTableView block_table, std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o,
+                   LseView lse, const PagedOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                  o, lse, options);
   detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
 }
 
-/// The same with a plan from plan_paged (checked against the call).
-template <class T, class K, class V>
-void forward_paged(const PagedPlan& plan, detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
+/// The same with a plan from plan_forward_paged (checked against the call).
+template <class Q, class K, class V, class O>
+void forward_paged(const PagedPlan& plan, const TensorView<Q>& q, const TensorView<K>& k_cache,
                    const TensorView<V>& v_cache, BlockTableView block_table,
-                   std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o, LseView lse,
+                   std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o, LseView lse,
                    const PagedOptions& options = {}) {
-  const auto call = detail::paged_call<T, detail::KvOf<K, V>>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  detail::check_element_types<Q, K, V, O>();
+  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                  o, lse, options);
   detail::run_paged(call.params, plan, options);
 }
 
 /// forward_paged() without the log-sum-exp output.
-template <class T, class K, class V>
-void forward_paged(detail::In<TensorView<const T>> q, const TensorView<K>& k_cache,
-                   const TensorView<V>& v_cache, BlockTableView block_table,
-                   std::span<const std::int32_t> cache_seqlens, const TensorView<T>& o,
+template <class Q, class K, class V, class O>
+void forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                   BlockTableView block_table, std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o,
                    const PagedOptions& options = {}) {
-  forward_paged<T, K, V>(q, k_cache, v_cache, block_table, cache_seqlens, o, LseView{}, options);
+  forward_paged(q, k_cache, v_cache, block_table, cache_seqlens, o, LseView{}, options);
 }
 
 namespace detail {
@@ -270,7 +252,7 @@ PagedCall<T, KV> paged_varlen_call(const PackedView<const T>& q, std::span<const
   TILEATTN_REQUIRE(!cu_seqlens_q.empty(), "cu_seqlens_q", "is empty (needs batch + 1 entries)");
   check_view(q, "q", packed_layout.names, {true, false, false});  // named in the packed layout
   check_view(o, "o", packed_layout.names, {true, false, false});
-  for (int d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
+  for (std::size_t d = 0; d < 2; ++d) check_same_extent(q, "q", o, "o", d, packed_layout.names[d]);
   check_lse(lse, {q.shape[1], q.shape[0]}, packed_lse_dims);
   const LseView lse3{lse.data, {1, lse.shape[0], lse.shape[1]}, {0, lse.stride[0], lse.stride[1]}};
   return paged_call<T, KV>(unpack(q), cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, unpack(o), lse3,
@@ -282,38 +264,39 @@ PagedCall<T, KV> paged_varlen_call(const PackedView<const T>& q, std::span<const
 /// speculative verify with different draft lengths, decoding mixed with either): q and o
 /// packed [total_q, heads_q, head_dim] with sequence b's rows [cu_seqlens_q[b],
 /// cu_seqlens_q[b + 1]); lse [heads_q, total_q] (optional: PackedLseView{}).
-template <class T, class K, class V>
-void forward_paged_varlen(detail::In<PackedView<const T>> q, std::span<const std::int32_t> cu_seqlens_q,
-                          const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+template <class Q, class K, class V, class O>
+void forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
                           BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
-                          const PackedView<T>& o, PackedLseView lse, const PagedOptions& options = {}) {
-  const auto call = detail::paged_varlen_call<T, detail::KvOf<K, V>>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
-                                                 lse, options);
+                          const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                          const PagedOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
+                                                                         cache_seqlens, o, lse, options);
   detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
 }
 
 /// The plan forward_paged_varlen makes for this batch, for reuse across calls (layers).
-template <class T, class K, class V>
-PagedPlan plan_paged_varlen(detail::In<PackedView<const T>> q, std::span<const std::int32_t> cu_seqlens_q,
-                            const TensorView<K>& k_cache, const TensorView<V>& v_cache,
-                            BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
-                            const PackedView<T>& o, PackedLseView lse, const PagedOptions& options = {}) {
-  const auto call = detail::paged_varlen_call<T, detail::KvOf<K, V>>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
-                                                 lse, options);
+template <class Q, class K, class V, class O>
+PagedPlan plan_forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                                    BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                                    const PackedView<O>& o, PackedLseView lse,
+                                    std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
+                                                                         cache_seqlens, o, lse, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
-/// forward_paged_varlen with a plan from plan_paged_varlen (checked against the call).
-template <class T, class K, class V>
-void forward_paged_varlen(const PagedPlan& plan, detail::In<PackedView<const T>> q,
-                          std::span<const std::int32_t> cu_seqlens_q, const TensorView<K>& k_cache,
+/// forward_paged_varlen with a plan from plan_forward_paged_varlen (checked against the call).
+template <class Q, class K, class V, class O>
+void forward_paged_varlen(const PagedPlan& plan, const PackedView<Q>& q, const TensorView<K>& k_cache,
                           const TensorView<V>& v_cache, BlockTableView block_table,
-                          std::span<const std::int32_t> cache_seqlens, const PackedView<T>& o, PackedLseView lse,
-                          const PagedOptions& options = {}) {
-  const auto call = detail::paged_varlen_call<T, detail::KvOf<K, V>>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o,
-                                                 lse, options);
+                          std::span<const std::int32_t> cache_seqlens, const PackedView<O>& o, PackedLseView lse,
+                          std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
+                                                                         cache_seqlens, o, lse, options);
   detail::run_paged(call.params, plan, options);
 }
-
 
 }  // namespace tileattn

@@ -105,11 +105,11 @@ struct RingShard {
   LseView lse_view() { return make_lse(lse.data(), s.batch, s.heads, n); }
 
   void forward(MPI_Comm comm, const ForwardOptions& opt, ring::RingStats* stats = nullptr) {
-    ring::ring_forward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
+    ring::forward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
                        view(v, s.heads_kv, s.head_dim_v), view(o, s.heads, s.head_dim_v), lse_view(), opt, stats);
   }
   void backward(MPI_Comm comm, const BackwardOptions& opt, ring::RingStats* stats = nullptr) {
-    ring::ring_backward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
+    ring::backward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
                         view(v, s.heads_kv, s.head_dim_v), view(o, s.heads, s.head_dim_v), lse_view(),
                         view(dout, s.heads, s.head_dim_v), view(dq, s.heads, s.head_dim),
                         view(dk, s.heads_kv, s.head_dim), view(dv, s.heads_kv, s.head_dim_v), opt, stats);
@@ -467,7 +467,7 @@ TEST(Ring, ErrorsAreCollectiveAndWriteNothing) {
   check("q", [&](RingShard<float>& m) {  // the last rank's shard one row short
     TensorView<float> q = m.view(m.q, 4, 16);
     if (on_last) q.shape[1] -= 1;
-    ring::ring_forward(MPI_COMM_WORLD, m.layout, q, m.view(m.k, 2, 16), m.view(m.v, 2, 16), m.view(m.o, 4, 16),
+    ring::forward(MPI_COMM_WORLD, m.layout, q, m.view(m.k, 2, 16), m.view(m.v, 2, 16), m.view(m.o, 4, 16),
                        m.lse_view(), opt);
   });
   check("softmax_scale", [&](RingShard<float>& m) {  // an error only the last rank's checks see
@@ -484,7 +484,7 @@ TEST(Ring, ErrorsAreCollectiveAndWriteNothing) {
   check("heads_kv", [&](RingShard<float>& m) {  // MQA on one rank: each rank's views are valid
     TensorView<float> k = m.view(m.k, 2, 16), v = m.view(m.v, 2, 16);
     if (on_last) k.shape[2] = v.shape[2] = 1;
-    ring::ring_forward(MPI_COMM_WORLD, m.layout, m.view(m.q, 4, 16), k, v, m.view(m.o, 4, 16), m.lse_view(), opt);
+    ring::forward(MPI_COMM_WORLD, m.layout, m.view(m.q, 4, 16), k, v, m.view(m.o, 4, 16), m.lse_view(), opt);
   });
   check("window_left", [&](RingShard<float>& m) {
     BackwardOptions o;

@@ -1,4 +1,4 @@
-// tests/flex/flex_backward_test.cpp: tileattn::flex_backward and flex_backward_varlen (flex.hpp)
+// tests/flex/flex_backward_test.cpp: tileattn::backward_flex and backward_flex_varlen (flex.hpp)
 // against the analytic double-precision gradients of tests/reference/naive_flex.hpp, under
 // backward_test.cpp's form of FlashAttention's rule: max error <= 3 x a naive same-precision
 // flex backward's + 2e-4, relative to the gradient's magnitude (fp32 also <= 2e-5 relative):
@@ -7,7 +7,7 @@
 //     must give the same bits), GQA, odd sizes, head_dim_v != head_dim, the built-in softcap,
 //     ALiBi and causal mask chained with a score_mod whose derivative is NaN where scores are
 //     hidden, one varlen batch with an empty sequence and a per-sequence, per-head mask, bf16.
-//     The backward starts from the reference's O and LSE (rounded to T): flex_forward has its
+//     The backward starts from the reference's O and LSE (rounded to T): forward_flex has its
 //     own test, and a forward kernel compiled per case here would cost compile time;
 //   - the reference itself against central differences of the double forward;
 //   - the same bits for every backend, thread count and SRAM budget, with a 24 x 40 block mask;
@@ -65,11 +65,11 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-/// flex_forward into p.o and p.lse.
+/// forward_flex into p.o and p.lse.
 template <class T, class ScoreMod, class Mask>
 void run_flex_forward(BackwardProblem<T>& p, const ScoreMod& score_mod, const Mask& mask, ForwardOptions opts = {}) {
   opts.io_counts = nullptr;
-  flex_forward(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), score_mod, mask, opts);
+  forward_flex(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), score_mod, mask, opts);
 }
 
 /// The forward's saved state from the double reference: O rounded to T and the LSE to float
@@ -92,14 +92,14 @@ void save_forward(BackwardProblem<T>& p, const ScoreMod& score_mod, const MaskMo
   save_forward(p, reference::flex_attention<T>(c(p.qv), c(p.kv), c(p.vv), score_mod, mask_mod, scale));
 }
 
-/// flex_backward from p's O and LSE into p.dq, p.dk, p.dv (reset to the sentinel first).
+/// backward_flex from p's O and LSE into p.dq, p.dk, p.dv (reset to the sentinel first).
 template <class T, class ScoreMod, class Mask>
 void run_flex_backward(BackwardProblem<T>& p, const ScoreMod& score_mod, const Mask& mask,
                        const BackwardOptions& opts = {}) {
   fill(p.dq, sentinel);
   fill(p.dk, sentinel);
   fill(p.dv, sentinel);
-  flex_backward(c(p.qv), c(p.kv), c(p.vv), c(p.ov), p.lse_view(), c(p.dov), p.dqv, p.dkv, p.dvv, score_mod, mask, opts);
+  backward_flex(c(p.qv), c(p.kv), c(p.vv), c(p.ov), p.lse_view(), c(p.dov), p.dqv, p.dkv, p.dvv, score_mod, mask, opts);
 }
 
 /// Half the distance between 1 and the next value of T.
@@ -146,7 +146,7 @@ struct BlockOnly {
   BlockOnly(std::initializer_list<BlockSize> s) : sizes(s) {}
 };
 
-/// One case in storage type T: flex_forward then flex_backward against the reference
+/// One case in storage type T: forward_flex then backward_flex against the reference
 /// gradients, with the bare mask_mod and/or block masks of the given sizes (over mask_batch
 /// x mask_heads).
 template <class T, class ScoreMod, class MaskMod, class Blocks>
@@ -376,7 +376,7 @@ TEST(FlexBackwardVarlen, ThreeSequencesOneEmpty) {
   fill(p.dq, sentinel);
   fill(p.dk, sentinel);
   fill(p.dv, sentinel);
-  flex_backward_varlen(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), packed(c(p.ov)), lse, packed(c(p.dov)),
+  backward_flex_varlen(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), packed(c(p.ov)), lse, packed(c(p.dov)),
                        packed(p.dqv), packed(p.dkv), packed(p.dvv), seqs, bias,
                        create_block_mask(mask, 3, H, max_q, max_k, {16, 16}));  // (block mask only: compile time)
   const auto ref = reference::flex_attention_backward_varlen<float>(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)),
@@ -397,10 +397,10 @@ TEST(FlexBackwardVarlen, ThreeSequencesOneEmpty) {
   const std::vector<float> dq_before = p.dq, dk_before = p.dk;
   const VarlenSequences in_dq{{reinterpret_cast<const std::int32_t*>(p.dq.data() + 7), cu_q.size()}, cu_k, max_q, max_k};
   try {
-    flex_backward_varlen(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), packed(c(p.ov)), lse, packed(c(p.dov)),
+    backward_flex_varlen(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), packed(c(p.ov)), lse, packed(c(p.dov)),
                          packed(p.dqv), packed(p.dkv), packed(p.dvv), in_dq, bias,
                          create_block_mask(mask, 3, H, max_q, max_k, {16, 16}));
-    ADD_FAILURE() << "flex_backward_varlen accepted cu_seqlens_q inside dq";
+    ADD_FAILURE() << "backward_flex_varlen accepted cu_seqlens_q inside dq";
   } catch (const invalid_argument& e) {
     EXPECT_EQ(e.parameter(), "dq") << e.what();
   }
@@ -430,7 +430,7 @@ TEST(FlexBackwardDeterminism, SameBitsForEveryBackendThreadCountAndBudget) {
         for (int r = 0; r < (threads > 1 ? repeats : 1); ++r) {
           opts.execution = {b, threads};
           opts.sram_budget_bytes = budget;
-          const BackwardPlan plan = plan_backward({32, 32, 300, 257, 4, true}, opts);
+          const BackwardTilePlan plan = backward_tiles({32, 32, 300, 257, 4, true}, opts);
           SCOPED_TRACE(std::string(to_string(b)) + " x " + std::to_string(threads) + ", budget " +
                        std::to_string(budget) + ", tiles " + std::to_string(plan.query_tile_rows) + " x " +
                        std::to_string(plan.key_tile_rows));
@@ -442,8 +442,8 @@ TEST(FlexBackwardDeterminism, SameBitsForEveryBackendThreadCountAndBudget) {
   // The budgets really give other tiles.
   BackwardOptions small;
   small.sram_budget_bytes = 48 * 1024;
-  EXPECT_NE(plan_backward({32, 32, 300, 257, 4, true}, small).key_tile_rows,
-            plan_backward({32, 32, 300, 257, 4, true}, BackwardOptions{}).key_tile_rows);
+  EXPECT_NE(backward_tiles({32, 32, 300, 257, 4, true}, small).key_tile_rows,
+            backward_tiles({32, 32, 300, 257, 4, true}, BackwardOptions{}).key_tile_rows);
 }
 
 // ---- IO ---------------------------------------------------------------------------------------------
@@ -454,7 +454,7 @@ TEST(FlexBackwardDeterminism, SameBitsForEveryBackendThreadCountAndBudget) {
 /// tile): Q, dO, LSE, D and the dQ accumulator read, the accumulator written; then the
 /// accumulator read and dQ written once.
 template <class Seen>
-IoCounts expected_backward_io(const ProblemShape& s, const BackwardPlan& plan, Seen&& seen) {
+IoCounts expected_backward_io(const ProblemShape& s, const BackwardTilePlan& plan, Seen&& seen) {
   const auto u = [](index_t x) { return static_cast<std::uint64_t>(x); };
   const std::uint64_t f = 4, bh = u(s.batch * s.heads), bhkv = u(s.batch * s.heads_kv);
   const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
@@ -485,7 +485,7 @@ TEST(FlexBackwardIo, HiddenQueryTilesLoadNothing) {
     BackwardOptions opts;
     opts.execution = {Backend::serial, 1};
     opts.sram_budget_bytes = budget;
-    const BackwardPlan plan = plan_backward({32, 32, 300, 257, 1}, opts);
+    const BackwardTilePlan plan = backward_tiles({32, 32, 300, 257, 1}, opts);
     const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
     SCOPED_TRACE("tiles " + std::to_string(br) + " x " + std::to_string(bc));
     // Blocks of the plan's tiles: every odd query block's, and a third of the others', empty
@@ -555,7 +555,7 @@ TEST(FlexBackwardErrors, DbiasWithAScoreModAndBlockMasksOfAnotherShapeWriteNothi
   opts.dbias = {db.data(), {1, 1, 17, 127}, {0, 0, 127, 1}};
   const auto call = [&](const auto& mask, const BackwardOptions& o) {
     return [&, o] {
-      flex_backward(c(p.qv), c(p.kv), c(p.vv), c(p.ov), p.lse_view(), c(p.dov), p.dqv, p.dkv, p.dvv, bias, mask, o);
+      backward_flex(c(p.qv), c(p.kv), c(p.vv), c(p.ov), p.lse_view(), c(p.dov), p.dqv, p.dkv, p.dvv, bias, mask, o);
     };
   };
   expect_invalid(call(flex::prefix_lm{50}, opts), "dbias");

@@ -1,4 +1,4 @@
-// tests/flex/flex_forward_test.cpp: tileattn::flex_forward and flex_forward_varlen (flex.hpp)
+// tests/flex/flex_forward_test.cpp: tileattn::forward_flex and forward_flex_varlen (flex.hpp)
 // against the double-precision reference of tests/reference/naive_flex.hpp:
 //   - every library mask and score mod, a per-head / per-batch mask and custom mods, with
 //     bare mask_mods and block masks of sizes that match no tile (a block mask must change no
@@ -90,12 +90,12 @@ TensorView<const T> c(const TensorView<T>& v) {
   return v;
 }
 
-/// flex_forward on p's inputs into p.o and p.lse (both reset to the sentinel first).
+/// forward_flex on p's inputs into p.o and p.lse (both reset to the sentinel first).
 template <class T, class ScoreMod, class Mask>
 void run_forward(BackwardProblem<T>& p, const ScoreMod& score_mod, const Mask& mask, const ForwardOptions& opts = {}) {
   std::fill(p.o.begin(), p.o.end(), from_float<T>(sentinel));
   std::fill(p.lse.begin(), p.lse.end(), sentinel);
-  flex_forward(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), score_mod, mask, opts);
+  forward_flex(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), score_mod, mask, opts);
 }
 
 /// The kernel's O as floats in a contiguous [B, N, H, D] view, for compare_to_reference.
@@ -160,7 +160,7 @@ struct BlockOnly {
   BlockOnly(std::initializer_list<BlockSize> s) : sizes(s) {}
 };
 
-/// One float case: flex_forward against the double reference with the bare mask_mod and/or
+/// One float case: forward_flex against the double reference with the bare mask_mod and/or
 /// block masks of the given sizes (over mask_batch x mask_heads: 1 broadcasts).
 template <class ScoreMod, class MaskMod, class Blocks = BlockSizes>
 void check_forward(const std::string& name, const ProblemShape& s, std::uint64_t seed, const ScoreMod& score_mod,
@@ -380,7 +380,7 @@ TEST(FlexForwardVarlen, ThreeSequencesOneEmpty) {
   const auto run = [&](const auto& m, const auto& mask_mod) {
     std::fill(p.o.begin(), p.o.end(), sentinel);
     std::fill(p.lse.begin(), p.lse.end(), sentinel);
-    flex_forward_varlen(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), packed(p.ov), lse, seqs, bias, m);
+    forward_flex_varlen(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), packed(p.ov), lse, seqs, bias, m);
     const auto ref = reference::flex_attention_varlen<float>(packed(c(p.qv)), packed(c(p.kv)), packed(c(p.vv)), cu_q,
                                                              cu_k, bias, mask_mod, scale);
     const Deviation dev = compare_to_reference(ref, c(p.ov), make_lse(p.lse.data(), 1, H, total_q));
@@ -398,7 +398,7 @@ TEST(FlexForwardVarlen, ThreeSequencesOneEmpty) {
 
 // ---- Equal to the built-in options ----------------------------------------------------------------
 
-/// O and LSE of forward() with `opts` and of flex_forward with the mods, on the same inputs.
+/// O and LSE of forward() with `opts` and of forward_flex with the mods, on the same inputs.
 struct Pair {
   std::vector<float> builtin_o, builtin_lse, flex_o, flex_lse;
   double max_o_difference() const {
@@ -581,7 +581,7 @@ TEST(FlexForwardDeterminism, SameBitsForEveryBackendAndThreadCount) {
   for (std::size_t budget : {std::size_t{0}, std::size_t{48 * 1024}}) {
     ForwardOptions at_budget;
     at_budget.sram_budget_bytes = budget;
-    const TilePlan plan = plan_forward(c(t.p.qv), c(t.p.kv), c(t.p.vv), at_budget);
+    const TilePlan plan = plan_forward(c(t.p.qv), c(t.p.kv), c(t.p.vv), at_budget).tiles();
     SCOPED_TRACE("budget " + std::to_string(budget) + ", tiles " + std::to_string(plan.query_tile_rows) + " x " +
                  std::to_string(plan.key_tile_rows));
     const auto base = t.run(t.blocks, {Backend::serial, 1}, budget);
@@ -610,7 +610,7 @@ TEST(FlexForwardDeterminism, BlockMaskAddsNoPlanDependence) {
   for (std::size_t kib = 24; kib <= 512; kib += 16) {
     ForwardOptions at_budget;
     at_budget.sram_budget_bytes = kib * 1024;
-    plans.emplace_back(kib * 1024, plan_forward(c(t.p.qv), c(t.p.kv), c(t.p.vv), at_budget));
+    plans.emplace_back(kib * 1024, plan_forward(c(t.p.qv), c(t.p.kv), c(t.p.vv), at_budget).tiles());
   }
   const auto base = t.run(t.blocks, {Backend::serial, 1}, plans.front().first);
   int same_key_tile = 0;
@@ -664,7 +664,7 @@ TEST(FlexForwardIo, BlockSparseReadsOnlyTheKeyTilesItSees) {
     ForwardOptions opts;
     opts.execution = {Backend::serial, 1};
     opts.sram_budget_bytes = budget;
-    const TilePlan plan = plan_forward(c(p.qv), c(p.kv), c(p.vv), opts);
+    const TilePlan plan = plan_forward(c(p.qv), c(p.kv), c(p.vv), opts).tiles();
     SCOPED_TRACE("tiles " + std::to_string(plan.query_tile_rows) + " x " + std::to_string(plan.key_tile_rows) +
                  ", heads per tile " + std::to_string(plan.heads_per_tile));
     const index_t bc = plan.key_tile_rows, kv_blocks = (300 + bc - 1) / bc;
@@ -779,7 +779,7 @@ TEST(FlexForwardBlockMask, WithoutLseGivesTheSameO) {
   run_forward(p, flex::no_score_mod{}, blocks);
   const std::vector<float> want = p.o;
   std::fill(p.o.begin(), p.o.end(), sentinel);
-  flex_forward(c(p.qv), c(p.kv), c(p.vv), p.ov, flex::no_score_mod{}, blocks);
+  forward_flex(c(p.qv), c(p.kv), c(p.vv), p.ov, flex::no_score_mod{}, blocks);
   EXPECT_TRUE(bitwise_equal(p.o, want));
 }
 
@@ -800,7 +800,7 @@ TEST(FlexForwardErrors, BlockMaskOfAnotherShapeWritesNothing) {
   BackwardProblem<float> p(s, 90);
   std::fill(p.lse.begin(), p.lse.end(), sentinel);
   const auto call = [&](const auto& blocks) {
-    return [&] { flex_forward(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), flex::no_score_mod{}, blocks); };
+    return [&] { forward_flex(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), flex::no_score_mod{}, blocks); };
   };
   const flex::causal m{};
   expect_invalid(call(create_block_mask(m, 1, 1, 18, 127)), "block_mask");  // seqlen_q
@@ -825,15 +825,15 @@ TEST(FlexForwardErrors, BlockMaskOfAnotherShapeWritesNothing) {
   const AnyMask any{m};
   expect_invalid(
       [&] {
-        flex_forward_varlen(packed(c(v.qv)), packed(c(v.kv)), packed(c(v.vv)), packed(v.ov), PackedLseView{}, seqs,
+        forward_flex_varlen(packed(c(v.qv)), packed(c(v.kv)), packed(c(v.vv)), packed(v.ov), PackedLseView{}, seqs,
                             bias, create_block_mask(any, 1, 1, 17, 127));
       },
       "block_mask");
   EXPECT_TRUE(all_equal(v.o, sentinel));
   // The right shapes pass.
-  flex_forward(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), flex::no_score_mod{},
+  forward_flex(c(p.qv), c(p.kv), c(p.vv), p.ov, p.lse_view(), flex::no_score_mod{},
                create_block_mask(m, 2, 4, 17, 127));
-  flex_forward_varlen(packed(c(v.qv)), packed(c(v.kv)), packed(c(v.vv)), packed(v.ov), PackedLseView{}, seqs, bias,
+  forward_flex_varlen(packed(c(v.qv)), packed(c(v.kv)), packed(c(v.vv)), packed(v.ov), PackedLseView{}, seqs, bias,
                       create_block_mask(any, 2, 1, 12, 100));
 }
 
@@ -957,10 +957,10 @@ void check_8bit_kv_bitwise_as_float() {
     opts.v_scale = {scales_v.data(), {B, Hkv}, {Hkv, 1}};
     std::vector<float> o8(static_cast<std::size_t>(B * n * H * d), -7.0f), o32(o8.size(), -7.0f);
     std::vector<float> lse8(static_cast<std::size_t>(B * H * n)), lse32(lse8.size());
-    flex_forward(make_bshd(q.data(), B, n, H, d), make_bshd(k8.data(), B, nk, Hkv, d),
+    forward_flex(make_bshd(q.data(), B, n, H, d), make_bshd(k8.data(), B, nk, Hkv, d),
                  make_bshd(v8.data(), B, nk, Hkv, d), make_bshd(o8.data(), B, n, H, d),
                  make_lse(lse8.data(), B, H, n), bias, blocks, opts);
-    flex_forward(make_bshd(q.data(), B, n, H, d), make_bshd(kd.data(), B, nk, Hkv, d),
+    forward_flex(make_bshd(q.data(), B, n, H, d), make_bshd(kd.data(), B, nk, Hkv, d),
                  make_bshd(vd.data(), B, nk, Hkv, d), make_bshd(o32.data(), B, n, H, d),
                  make_lse(lse32.data(), B, H, n), bias, blocks);
     EXPECT_TRUE(bitwise_equal(o8, o32)) << "N " << n;

@@ -928,8 +928,8 @@ class Harness {
       const auto before_ks = raw_ks_, before_vs = raw_vs_;
       bool threw = false;
       try {
-        if constexpr (quantized) write_kv_slots(kv, vv, slots, kp, vp, scales.kv, scales.vv);
-        else write_kv_slots<T>(kv, vv, slots, kp, vp);
+        if constexpr (quantized) write_kv_slots(kv, vv, kp, vp, slots, scales.kv, scales.vv);
+        else write_kv_slots(kv, vv, kp, vp, slots);
       } catch (const tileattn::invalid_argument& e) {
         fuzz::require_named("kv_cache_fuzz", e);
         say(what + " -> invalid_argument (" + e.parameter() + ")");

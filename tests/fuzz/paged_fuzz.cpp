@@ -1,6 +1,6 @@
 // tests/fuzz/paged_fuzz.cpp: libFuzzer harness for the paged-KV attention entry points of
 // tileattn/paged.hpp: forward_paged (with and without the LSE), forward_paged_varlen,
-// plan_paged / plan_paged_varlen and the forward_paged(plan, ...) overloads.
+// plan_forward_paged / plan_forward_paged_varlen and the forward_paged(plan, ...) overloads.
 //
 // The fuzzer's bytes choose the batch (1 to 4 sequences), each sequence's cache_seqlens
 // (0 to 60, empty sequences included) and query count (fixed: 1 to 12, decode to chunked
@@ -29,7 +29,7 @@
 // naming its parameter, with O and the LSE bitwise their sentinel and both pools
 // unchanged; a call without one must succeed (a random SRAM budget may be too small for any
 // tile: budget_error is accepted there). In planned mode the plan is made from the valid
-// call, then plan_paged(_varlen) and forward_paged(plan, ...) both run on the corrupted one.
+// call, then plan_forward_paged(_varlen) and forward_paged(plan, ...) both run on the corrupted one.
 // A successful call must match the double-precision reference (tests/reference) over each
 // sequence's K/V gathered from its pages through the block table (8-bit: dequantized with
 // the scales, as quantized_kv_test.cpp does), NaN rows and rows without keys included; write
@@ -508,9 +508,9 @@ template <class T, class KV>
 void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
   if (p.varlen) {
     if (plan)
-      forward_paged_varlen(*plan, pack(c.qv), c.cu, c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, opts);
+      forward_paged_varlen(*plan, pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
     else
-      forward_paged_varlen(pack(c.qv), c.cu, c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, opts);
+      forward_paged_varlen(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
   } else if (plan) {
     forward_paged(*plan, c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
   } else if (!p.lse_on) {
@@ -522,8 +522,8 @@ void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const
 
 template <class T, class KV>
 PagedPlan make_plan(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts) {
-  if (p.varlen) return plan_paged_varlen(pack(c.qv), c.cu, c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, opts);
-  return plan_paged(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
+  if (p.varlen) return plan_forward_paged_varlen(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
+  return plan_forward_paged(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
 }
 
 // ---- Bad arguments ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ namespace tileattn::test {
 namespace {
 
 /// The formula, with the rows each key tile's item visits counted from the mask directly.
-IoCounts expected_io(const ProblemShape& s, const BackwardPlan& plan, bool causal, std::size_t elt) {
+IoCounts expected_io(const ProblemShape& s, const BackwardTilePlan& plan, bool causal, std::size_t elt) {
   const auto u = [](index_t x) { return static_cast<std::uint64_t>(x); };
   const index_t offset = s.seqlen_k - s.seqlen_q, br = plan.query_tile_rows, bc = plan.key_tile_rows;
   IoCounts io;
@@ -48,7 +48,7 @@ void check_io(ProblemShape s, bool causal, std::size_t budget) {
   IoCounts counts;
   opts.io_counts = &counts;
   p.backward(opts);
-  const BackwardPlan plan = plan_backward({s.head_dim, s.head_dim_v, s.seqlen_q, s.seqlen_k, s.batch * s.heads_kv}, opts);
+  const BackwardTilePlan plan = backward_tiles({s.head_dim, s.head_dim_v, s.seqlen_q, s.seqlen_k, s.batch * s.heads_kv}, opts);
   const IoCounts want = expected_io(s, plan, causal, sizeof(T));
   EXPECT_EQ(counts.bytes_read, want.bytes_read);
   EXPECT_EQ(counts.bytes_written, want.bytes_written);

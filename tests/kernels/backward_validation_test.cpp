@@ -229,5 +229,31 @@ TEST(BackwardValidation, VarlenGradientsMustNotOverlapCuSeqlens) {
   EXPECT_FALSE(all_equal(valid.dq, sentinel));
 }
 
+// backward(plan, ...): the bits of the planned call, and "plan" for another call's plan.
+TEST(BackwardPlanReuse, SameBitsForItsCallAndRejectsAnother) {
+  Call planned, direct;
+  const BackwardPlan plan = plan_backward(planned.qv, planned.kv, planned.vv, planned.opts);
+  backward(plan, planned.qv, planned.kv, planned.vv, planned.ov, planned.lv, planned.dov, planned.dqv, planned.dkv,
+           planned.dvv, planned.opts);
+  direct.run();
+  EXPECT_TRUE(bitwise_equal(planned.dq.buffer(), direct.dq.buffer()));
+  EXPECT_TRUE(bitwise_equal(planned.dk.buffer(), direct.dk.buffer()));
+  EXPECT_TRUE(bitwise_equal(planned.dv_.buffer(), direct.dv_.buffer()));
+  for (const auto& change : std::vector<std::function<void(Call&)>>{
+           [](Call& c) { c.opts.sram_budget_bytes = 64 * 1024; },
+           [](Call& c) { c.opts.softcap = 30.0f; },  // the slope takes a tile of its own
+           [](Call& c) { c.opts.execution = {Backend::openmp, 3}; }}) {
+    Call c;
+    change(c);
+    try {
+      backward(plan, c.qv, c.kv, c.vv, c.ov, c.lv, c.dov, c.dqv, c.dkv, c.dvv, c.opts);
+      ADD_FAILURE() << "a plan made for another call was accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.parameter(), "plan") << e.what();
+    }
+    EXPECT_TRUE(c.untouched()) << "an output was written before the error";
+  }
+}
+
 }  // namespace
 }  // namespace tileattn::test

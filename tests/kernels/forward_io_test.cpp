@@ -68,7 +68,7 @@ TilePlan plan_for(const Problem& p, std::size_t budget, Execution exec = {Backen
   ForwardOptions opts;
   opts.sram_budget_bytes = budget;
   opts.execution = exec;
-  return plan_forward(PlanShape{p.head_dim, p.head_dim, p.seqlen_q, p.seqlen_k, p.heads_q / p.heads_kv,
+  return forward_tiles(PlanShape{p.head_dim, p.head_dim, p.seqlen_q, p.seqlen_k, p.heads_q / p.heads_kv,
                                 p.batch * p.heads_kv},
                       opts);
 }

@@ -642,8 +642,8 @@ TYPED_TEST(ForwardPrecision, IoCountsInTwoByteElements) {
         const index_t items = plan.query_tiles(nq) * plan.head_chunks(group);
         return static_cast<std::uint64_t>(B * hkv * (group * nq * d + items * nk * (d + dv))) * element_bytes;
       };
-      const TilePlan plan_half = plan_forward(half.q(), half.k(), half.v(), half.options());
-      const TilePlan plan_full = plan_forward(full.q(), full.k(), full.v(), full.options());
+      const TilePlan plan_half = plan_forward(half.q(), half.k(), half.v(), half.options()).tiles();
+      const TilePlan plan_full = plan_forward(full.q(), full.k(), full.v(), full.options()).tiles();
       EXPECT_EQ(io_half.bytes_read, expected_read(plan_half, 2));
       EXPECT_EQ(io_full.bytes_read, expected_read(plan_full, 4));
       const index_t items_half = plan_half.query_tiles(nq) * plan_half.head_chunks(group);

@@ -163,7 +163,7 @@ TEST_P(ForwardVsReference, MatchesWithinBound) {
   const double scale = c.scale ? static_cast<double>(*c.scale) : default_scale(d);
   const auto ref = reference::attention<float>(q.cview(), k.cview(), v.cview(), scale, c.causal);
   const Deviation dev = compare_to_reference(ref, o.cview(), lse.view());
-  const TilePlan plan = plan_forward(q.cview(), k.cview(), v.cview(), opts);
+  const TilePlan plan = plan_forward(q.cview(), k.cview(), v.cview(), opts).tiles();
   SCOPED_TRACE("tile plan " + std::to_string(plan.query_tile_rows) + " x " +
                std::to_string(plan.key_tile_rows));
   // Default scale: the fixed bounds. Custom scale: FlashAttention's rule against naive fp32.
@@ -205,13 +205,13 @@ TEST(ForwardBudgets, SmallBudgetsGiveManyTiles) {
     for (Budget b : {Budget::small, Budget::tiny}) {
       ForwardOptions opts;
       opts.sram_budget_bytes = budget_bytes(b, d);
-      const TilePlan plan = plan_forward(PlanShape{d, d, 127, 127}, opts);
+      const TilePlan plan = forward_tiles(PlanShape{d, d, 127, 127}, opts);
       EXPECT_GE(plan.query_tiles(127), 4) << "d " << d << " budget " << to_string(b);
       EXPECT_GE((127 + plan.key_tile_rows - 1) / plan.key_tile_rows, 4)
           << "d " << d << " budget " << to_string(b);
     }
   // The long cases at the default budget stream 1000 keys in several key tiles.
-  for (index_t d : {64, 128}) EXPECT_LE(plan_forward(PlanShape{d, d, 1000, 1000}).key_tile_rows, 128);
+  for (index_t d : {64, 128}) EXPECT_LE(forward_tiles(PlanShape{d, d, 1000, 1000}).key_tile_rows, 128);
 }
 
 // FlashAttention's own rule, applied directly: kernel error <= 2e-5 + 2 x the error of naive
@@ -314,7 +314,7 @@ TEST(Forward, OneByOneTilesAtTheSmallestBudget) {
     ForwardOptions opts;
     opts.causal = true;
     opts.sram_budget_bytes = forward_working_set_bytes(1, 1, d);
-    const TilePlan plan = plan_forward(PlanShape{d, d, 7, 9, 1, 4}, opts);
+    const TilePlan plan = forward_tiles(PlanShape{d, d, 7, 9, 1, 4}, opts);
     EXPECT_EQ(plan.query_tile_rows, 1);
     EXPECT_EQ(plan.key_tile_rows, 1);
     HostTensor q({2, 7, 2, d}, Layout::bhsd), k({2, 9, 2, d}, Layout::bshd), v({2, 9, 2, d}, Layout::bshd);

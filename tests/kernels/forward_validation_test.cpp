@@ -283,6 +283,19 @@ TEST(ForwardRejection, OptionValuesThatOverflowInLog2Units) {
   }
 }
 
+TEST(ForwardRejection, ScaleMessageGivesItsBoundReadably) {  // issue 28: not as a 39-digit number
+  Call c;
+  c.opts.softmax_scale = 3e38f;
+  try {
+    c.run();
+    ADD_FAILURE() << "accepted softmax_scale 3e38";
+  } catch (const invalid_argument& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("at most 2.3586574e+38 "), std::string::npos) << message;
+    EXPECT_NE(message.find("got 3e+38"), std::string::npos) << message;
+  }
+}
+
 // ---- What must be accepted -------------------------------------------------------------------
 
 TEST(ForwardAccepts, NullLseWritesOAndNothingElse) {
@@ -333,6 +346,37 @@ TEST(ForwardErrors, BudgetErrorIsAnInvalidArgument) {
   c.opts.sram_budget_bytes = 1;
   EXPECT_THROW(c.run(), invalid_argument);
   EXPECT_THROW(c.run(), std::invalid_argument);
+}
+
+// A plan from plan_forward gives the call it was made for the same bits, and rejects,
+// naming "plan", a call of another shape, budget or thread count before writing anything.
+TEST(ForwardPlanReuse, SameBitsForItsCallAndRejectsAnother) {
+  Call planned, direct;
+  const ForwardPlan plan = plan_forward(planned.qv, planned.kv, planned.vv, planned.opts);
+  EXPECT_EQ(plan.tiles().query_tile_rows, forward_tiles(plan.signature().shape, planned.opts).query_tile_rows);
+  forward(plan, planned.qv, planned.kv, planned.vv, planned.ov, planned.lv, planned.opts);
+  direct.run();
+  EXPECT_TRUE(bitwise_equal(planned.o.buffer(), direct.o.buffer()));
+  EXPECT_TRUE(bitwise_equal(planned.lse.buffer(), direct.lse.buffer()));
+
+  const auto rejected = [&](const std::function<void(Call&)>& change) {
+    Call c;
+    change(c);
+    try {
+      forward(plan, c.qv, c.kv, c.vv, c.ov, c.lv, c.opts);
+      ADD_FAILURE() << "a plan made for another call was accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_EQ(e.parameter(), "plan") << e.what();
+    }
+    EXPECT_TRUE(all_equal(c.o.buffer(), sentinel)) << "O was written before the error";
+  };
+  rejected([](Call& c) { c.opts.sram_budget_bytes = 64 * 1024; });
+  rejected([](Call& c) { c.opts.execution = {Backend::openmp, 3}; });
+  rejected([](Call& c) {  // 4 of the 5 query rows
+    c.qv.shape[dim::seqlen] = 4;
+    c.ov.shape[dim::seqlen] = 4;
+    c.lv.shape[2] = 4;
+  });
 }
 
 }  // namespace

@@ -185,16 +185,16 @@ TEST(TilePlan, BudgetErrorWhenNotEvenOneByOneFits) {
 TEST(TilePlan, PlanForwardUsesTheOptionsBudgetAndThreads) {
   ForwardOptions opts;
   opts.sram_budget_bytes = 100000;
-  EXPECT_EQ(plan_forward(PlanShape{64, 64, 500, 500}, opts).sram_budget_bytes, 100000u);
+  EXPECT_EQ(forward_tiles(PlanShape{64, 64, 500, 500}, opts).sram_budget_bytes, 100000u);
   opts.sram_budget_bytes = 0;  // the detected per-core cache
-  EXPECT_EQ(plan_forward(PlanShape{64, 64, 500, 500}, opts).sram_budget_bytes, per_core_cache_bytes());
+  EXPECT_EQ(forward_tiles(PlanShape{64, 64, 500, 500}, opts).sram_budget_bytes, per_core_cache_bytes());
   EXPECT_EQ(effective_sram_budget(opts), per_core_cache_bytes());
   opts.sram_budget_bytes = 1u << 20;
   opts.execution = {Backend::serial, 0};
   const PlanShape shape{128, 128, 2048, 2048, 1, 2};
-  EXPECT_EQ(plan_forward(shape, opts).query_tile_rows, plan_forward_tiles(shape, 1u << 20, 1).query_tile_rows);
+  EXPECT_EQ(forward_tiles(shape, opts).query_tile_rows, plan_forward_tiles(shape, 1u << 20, 1).query_tile_rows);
   opts.execution = {Backend::automatic, 7};
-  EXPECT_EQ(plan_forward(shape, opts).query_tile_rows, plan_forward_tiles(shape, 1u << 20, 7).query_tile_rows);
+  EXPECT_EQ(forward_tiles(shape, opts).query_tile_rows, plan_forward_tiles(shape, 1u << 20, 7).query_tile_rows);
 }
 
 // ---- The working set is exactly what the kernel carves -----------------------------------------

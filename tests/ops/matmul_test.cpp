@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "support/test_support.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/ops/matmul.hpp"
 
 namespace tileattn::test {
@@ -20,9 +21,9 @@ TEST_P(TileMatmul, MatchesDoubleAndStaysInsideTheExtent) {
   const index_t m = std::get<0>(GetParam()), n = std::get<1>(GetParam()), k = std::get<2>(GetParam());
   ScratchArena arena(4 << 20);
   // Carve with spare capacity so the padding and extra rows/columns can be checked.
-  auto a = Tile<float>::carve(arena, m + 3, k + 5);
-  auto b = Tile<float>::carve(arena, k + 2, n + 7);
-  auto c = Tile<float>::carve(arena, m + 4, n + 33);
+  auto a = carve_tile<float>(arena, m + 3, k + 5);
+  auto b = carve_tile<float>(arena, k + 2, n + 7);
+  auto c = carve_tile<float>(arena, m + 4, n + 33);
   std::mt19937_64 rng(m * 1000003 + n * 1009 + k);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   a.set_extent(m, k);
@@ -68,15 +69,15 @@ INSTANTIATE_TEST_SUITE_P(OddExtents, TileMatmul,
                                   std::to_string(std::get<2>(info.param));
                          });
 
-TEST(TileMatmulStatic, FixedColumnTiles) {
+TEST(TileMatmulForwardShapes, HeadDim80) {
   // The forward kernel's shapes: (Br, D) x (D, Bc) -> (Br, Bc), then (Br, Bc) x (Bc, D) += (Br, D).
   constexpr index_t D = 80, br = 11, bc = 29;
   ScratchArena arena(1 << 20);
-  auto q = Tile<float, D>::carve(arena, br);
-  auto kt = Tile<float>::carve(arena, D, bc);
-  auto v = Tile<float, D>::carve(arena, bc);
-  auto s = Tile<float>::carve(arena, br, bc);
-  auto o = Tile<float, D>::carve(arena, br);
+  auto q = carve_tile<float>(arena, br, D);
+  auto kt = carve_tile<float>(arena, D, bc);
+  auto v = carve_tile<float>(arena, bc, D);
+  auto s = carve_tile<float>(arena, br, bc);
+  auto o = carve_tile<float>(arena, br, D);
   for (index_t i = 0; i < br; ++i)
     for (index_t c = 0; c < D; ++c) q(i, c) = static_cast<float>((i + 2 * c) % 7) - 3.0f;
   for (index_t c = 0; c < D; ++c)

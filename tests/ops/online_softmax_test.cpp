@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "support/test_support.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
 #include "tileattn/ops/score_mods.hpp"
@@ -30,7 +31,7 @@ void mask_causal(ScoreTile& s, index_t row0, index_t col0, index_t offset) {
 
 TEST(MaskCausal, MasksExactlyTheKeysAfterTheDiagonal) {
   ScratchArena arena(1 << 16);
-  auto s = Tile<float>::carve(arena, 6, 10);
+  auto s = carve_tile<float>(arena, 6, 10);
   for (index_t row0 : {0, 5, 40})
     for (index_t col0 : {0, 3, 12, 48})
       for (index_t offset : {-50, -8, -1, 0, 2, 20}) {
@@ -47,7 +48,7 @@ TEST(MaskCausal, MasksExactlyTheKeysAfterTheDiagonal) {
 
 TEST(MaskCausal, RespectsTheExtent) {
   ScratchArena arena(1 << 16);
-  auto s = Tile<float>::carve(arena, 4, 32);
+  auto s = carve_tile<float>(arena, 4, 32);
   ops::fill(s, 2.0f);
   s.set_extent(4, 5);
   mask_causal(s, 0, 0, 0);
@@ -114,11 +115,11 @@ Result direct_softmax(const Problem& p, std::optional<float> sink = std::nullopt
 template <class Step>
 Result tiled_softmax(const Problem& p, Step&& step, const float* sink = nullptr) {
   ScratchArena arena(1 << 20);
-  auto s = Tile<float>::carve(arena, rows, 32);
-  auto v = Tile<float>::carve(arena, 32, value_cols);
-  auto o = Tile<float>::carve(arena, rows, value_cols);
+  auto s = carve_tile<float>(arena, rows, 32);
+  auto v = carve_tile<float>(arena, 32, value_cols);
+  auto o = carve_tile<float>(arena, rows, value_cols);
   auto stats = ops::RowStats::carve(arena, rows);
-  auto lse = TileVector<float>::carve(arena, rows);
+  auto lse = carve_tile_vector<float>(arena, rows);
   ops::fill(o, 0.0f);
   stats.reset(rows);
   index_t col0 = 0;
@@ -176,8 +177,8 @@ TEST(OnlineSoftmax, FullyMaskedRowGivesZeroOutputAndMinusInfinityLse) {
 
 TEST(OnlineSoftmax, StepLeavesMaskedRowsAtZeroProbability) {
   ScratchArena arena(1 << 16);
-  auto s = Tile<float>::carve(arena, 2, 16);
-  auto o = Tile<float>::carve(arena, 2, 16);
+  auto s = carve_tile<float>(arena, 2, 16);
+  auto o = carve_tile<float>(arena, 2, 16);
   auto stats = ops::RowStats::carve(arena, 2);
   stats.reset(2);
   ops::fill(o, 0.0f);
@@ -282,9 +283,9 @@ TEST(OnlineSoftmax, NaNScoreMakesItsRowNaNInAnyTile) {
 // plain step's (the same fused multiply-adds in the same order).
 TEST(OnlineSoftmax, VisibleValuesStepSkipsMaskedKeys) {
   ScratchArena arena(1 << 16);
-  auto s1 = Tile<float>::carve(arena, 3, 20), s2 = Tile<float>::carve(arena, 3, 20);
-  auto v = Tile<float>::carve(arena, 20, 8);
-  auto o1 = Tile<float>::carve(arena, 3, 8), o2 = Tile<float>::carve(arena, 3, 8);
+  auto s1 = carve_tile<float>(arena, 3, 20), s2 = carve_tile<float>(arena, 3, 20);
+  auto v = carve_tile<float>(arena, 20, 8);
+  auto o1 = carve_tile<float>(arena, 3, 8), o2 = carve_tile<float>(arena, 3, 8);
   auto st1 = ops::RowStats::carve(arena, 3), st2 = ops::RowStats::carve(arena, 3);
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
@@ -335,7 +336,7 @@ TEST(OnlineSoftmax, RowStatsResetAndSlice) {
 
 TEST(TileOps, FillAndScaleRespectTheExtent) {
   ScratchArena arena(1 << 16);
-  auto t = Tile<float>::carve(arena, 5, 40);
+  auto t = carve_tile<float>(arena, 5, 40);
   ops::fill(t, 1.0f);
   t.set_extent(3, 17);
   ops::scale(t, 4.0f);

@@ -95,8 +95,8 @@ TYPED_TEST(CacheWriteTest, WritesEveryTokenToItsSlot) {
         expected_write(v_new, slots,
                        make_page_pool(v_want.data(), s.num_pages, page_size, heads, s.head_dim_v));
 
-        write_kv_slots(k_new, v_new, slots, make_page_pool(k_pool.data(), s.num_pages, page_size, heads, dim),
-                       make_page_pool(v_pool.data(), s.num_pages, page_size, heads, s.head_dim_v));
+        write_kv_slots(k_new, v_new, make_page_pool(k_pool.data(), s.num_pages, page_size, heads, dim),
+                       make_page_pool(v_pool.data(), s.num_pages, page_size, heads, s.head_dim_v), slots);
         EXPECT_TRUE(same_bits(k_pool, k_want));
         EXPECT_TRUE(same_bits(v_pool, v_want));
       }
@@ -120,12 +120,12 @@ TYPED_TEST(CacheWriteTest, StridedRowsIntoInterleavedPools) {
   expected_write(k_new, slots, pool_at(want, 0));
   expected_write(v_new, slots, pool_at(want, 1));
 
-  write_kv_slots<T>(k_new, v_new, slots, pool_at(pool, 0), pool_at(pool, 1));
+  write_kv_slots(k_new, v_new, pool_at(pool, 0), pool_at(pool, 1), slots);
   EXPECT_TRUE(same_bits(pool, want));
   // V's pages one row after K's share K's rows 1 to S - 1 (issue 27, N2): rejected.
   PagePoolView<T> shifted = pool_at(pool, 0);
   shifted.data += H * D;
-  EXPECT_THROW(write_kv_slots<T>(k_new, v_new, slots, pool_at(pool, 0), shifted), invalid_argument);
+  EXPECT_THROW(write_kv_slots(k_new, v_new, pool_at(pool, 0), shifted, slots), invalid_argument);
   EXPECT_TRUE(same_bits(pool, want));
 }
 
@@ -137,8 +137,8 @@ TYPED_TEST(CacheWriteTest, SkippedAndEmptyBatchesWriteNothing) {
   const auto k_cache = make_page_pool(k_pool.data(), 2, 3, 2, 4);
   const auto v_cache = make_page_pool(v_pool.data(), 2, 3, 2, 4);
   const std::vector<std::int64_t> skip_all(5, -1), none;
-  write_kv_slots(rows_view(rows.data(), 5, 2, 4), rows_view(rows.data(), 5, 2, 4), skip_all, k_cache, v_cache);
-  write_kv_slots(rows_view(rows.data(), 0, 2, 4), rows_view(rows.data(), 0, 2, 4), none, k_cache, v_cache);
+  write_kv_slots(rows_view(rows.data(), 5, 2, 4), rows_view(rows.data(), 5, 2, 4), k_cache, v_cache, skip_all);
+  write_kv_slots(rows_view(rows.data(), 0, 2, 4), rows_view(rows.data(), 0, 2, 4), k_cache, v_cache, none);
   EXPECT_TRUE(same_bits(k_pool, k_before));
   EXPECT_TRUE(same_bits(v_pool, v_before));
 }
@@ -171,7 +171,7 @@ struct Call {
     std::string parameter;
     try {
       const std::span<const std::int64_t> mapping = slots_at ? std::span(slots_at, slots.size()) : std::span(slots);
-      write_kv_slots<float>(k_new, v_new, mapping, k_cache, v_cache);
+      write_kv_slots(k_new, v_new, k_cache, v_cache, mapping);
     } catch (const invalid_argument& e) {
       parameter = e.parameter();
       if (what) *what = e.what();

@@ -150,7 +150,7 @@ TEST(PagedForward, RepeatedSplitRunsGiveTheSameBitsOnEveryBackendAndThreadCount)
 TEST(PagedForward, PlanIsReusedAndCheckedAgainstTheCall) {
   PagedShape s{{300, 4000}, 1, 8, 2, 64, 0, 16};
   PagedBatch<float> batch(s, 2);
-  const PagedPlan plan = plan_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
+  const PagedPlan plan = plan_forward_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
                                     batch.seqlens, batch.o_view(), batch.lse_view());
   EXPECT_GT(plan.keys_per_split(), 0);
   forward_paged(plan, batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
@@ -197,7 +197,7 @@ TEST(PagedForward, CountsSplitKvPartialStatesExactly) {
   PagedOptions opt;
   opt.num_splits = 3;
   opt.io_counts = &io;
-  const PagedPlan plan = plan_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
+  const PagedPlan plan = plan_forward_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
                                     batch.seqlens, batch.o_view(), batch.lse_view(), opt);
   const auto per_chunk = static_cast<std::uint64_t>(plan.keys_per_split());
   ASSERT_GT(per_chunk, 0u);

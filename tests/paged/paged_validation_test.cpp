@@ -1,5 +1,5 @@
 // tests/paged/paged_validation_test.cpp: argument checking of the paged forward (paged.hpp,
-// detail/paged_checks.hpp): every bad argument of forward_paged, plan_paged, forward_paged
+// detail/paged_checks.hpp): every bad argument of forward_paged, plan_forward_paged, forward_paged
 // with a plan and forward_paged_varlen throws tileattn::invalid_argument naming it, and
 // nothing is written (O and LSE keep their sentinels; the pools, the block table and
 // cache_seqlens are bitwise unchanged). Then the valid edge cases: an empty pool, empty
@@ -29,14 +29,14 @@ bool same_bits(const V& a, const V& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
 }
 
-// ---- forward_paged / plan_paged / forward_paged(plan) -------------------------------------
+// ---- forward_paged / plan_forward_paged / forward_paged(plan) -------------------------------------
 
 enum class Entry { forward, plan, planned };
 
 const char* to_string(Entry e) {
   switch (e) {
     case Entry::forward: return "forward_paged";
-    case Entry::plan: return "plan_paged";
+    case Entry::plan: return "plan_forward_paged";
     case Entry::planned: return "forward_paged_with_plan";
   }
   return "unknown";
@@ -91,7 +91,7 @@ struct Call {
   void run(Entry entry, const PagedPlan* plan) {
     switch (entry) {
       case Entry::forward: forward_paged(q, k_cache, v_cache, table, seqlens, o, lse, opts); break;
-      case Entry::plan: (void)plan_paged(q, k_cache, v_cache, table, seqlens, o, lse, opts); break;
+      case Entry::plan: (void)plan_forward_paged(q, k_cache, v_cache, table, seqlens, o, lse, opts); break;
       case Entry::planned: forward_paged(*plan, q, k_cache, v_cache, table, seqlens, o, lse, opts); break;
     }
   }
@@ -257,7 +257,7 @@ TEST_P(PagedRejects, NamesTheParameterAndWritesNothing) {
     SCOPED_TRACE(to_string(entry));
     Call c;
     // forward_paged(plan, ...) checks every argument before the plan: the plan is valid.
-    const PagedPlan plan = plan_paged(c.q, c.k_cache, c.v_cache, c.table, c.seqlens, c.o, c.lse, c.opts);
+    const PagedPlan plan = plan_forward_paged(c.q, c.k_cache, c.v_cache, c.table, c.seqlens, c.o, c.lse, c.opts);
     GetParam().mutate(c);
     const BadCase& bad = GetParam();
     if (entry == Entry::planned && !bad.planned_parameter.empty())
@@ -275,7 +275,7 @@ TEST(PagedValidation, TheUnbrokenCallRunsOnEveryEntryPoint) {
   c.run(Entry::forward, nullptr);
   const auto o = c.batch.o;
   const auto lse = c.batch.lse;
-  const PagedPlan plan = plan_paged(c.q, c.k_cache, c.v_cache, c.table, c.seqlens, c.o, c.lse, c.opts);
+  const PagedPlan plan = plan_forward_paged(c.q, c.k_cache, c.v_cache, c.table, c.seqlens, c.o, c.lse, c.opts);
   c.batch.reset_outputs();
   c.run(Entry::planned, &plan);
   EXPECT_TRUE(same_bits(o, c.batch.o));
@@ -300,7 +300,7 @@ TEST(PagedValidation, PlanMustMatchTheCall) {
   for (const auto& [what, change] : changes) {
     SCOPED_TRACE(what);
     Call c;
-    const PagedPlan plan = plan_paged(c.q, c.k_cache, c.v_cache, c.table, c.seqlens, c.o, c.lse, c.opts);
+    const PagedPlan plan = plan_forward_paged(c.q, c.k_cache, c.v_cache, c.table, c.seqlens, c.o, c.lse, c.opts);
     change(c);
     c.run(Entry::plan, nullptr);  // the changed call itself is valid
     expect_rejected(c, [&] { c.run(Entry::planned, &plan); }, "plan");
@@ -355,7 +355,7 @@ struct VarlenCall {
 
   void run() {
     const std::span<const std::int32_t> cu_seqlens_q = cu_at ? std::span(cu_at, cu.size()) : std::span<const std::int32_t>(cu);
-    forward_paged_varlen(q, cu_seqlens_q, k_cache, v_cache, table, batch.seqlens, o, lse, opts);
+    forward_paged_varlen(q, k_cache, v_cache, table, batch.seqlens, o, lse, cu_seqlens_q, opts);
   }
 
   /// cu_seqlens_q inside the first gap of an output laid out with a gap of 8 floats after
@@ -524,7 +524,7 @@ TEST(PagedEdgeCases, NumSplitsInt64Max) {
     PagedOptions opt;
     opt.num_splits = splits;
     opt.sram_budget_bytes = 24 * 1024;  // key tiles well below 700 keys
-    return std::pair{plan_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+    return std::pair{plan_forward_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
                                 batch.o_view(), batch.lse_view(), opt), opt};
   };
   const auto [huge, huge_opt] = plan(std::numeric_limits<index_t>::max());

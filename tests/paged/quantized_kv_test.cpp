@@ -456,8 +456,8 @@ TEST(QuantizedWrite, Int8ScalesGrowPerPageAndRequantizationIsBounded) {
   for (index_t t = 0; t < tokens; ++t) {
     const std::int64_t slot = ((t / P + 1) % pages) * P + t % P;  // pages 1, 2, 3, 0
     write_kv_slots(make_thd<const float>(k.data() + t * Hkv * D, 1, Hkv, D), make_thd<const float>(v.data() + t * Hkv * D, 1, Hkv, D),
-                   std::span<const std::int64_t>(&slot, 1), make_page_pool(kp.data(), pages, P, Hkv, D),
-                   make_page_pool(vp.data(), pages, P, Hkv, D), make_page_scales(ks.data(), pages, Hkv),
+                   make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(vp.data(), pages, P, Hkv, D),
+                   std::span<const std::int64_t>(&slot, 1), make_page_scales(ks.data(), pages, Hkv),
                    make_page_scales(vs.data(), pages, Hkv));
     for (index_t h = 0; h < Hkv; ++h)
       scale_when_written[static_cast<std::size_t>(t * Hkv + h)] = ks[static_cast<std::size_t>(slot / P * Hkv + h)];
@@ -487,8 +487,8 @@ TEST(QuantizedWrite, RejectsBadScalesAndWritesNothing) {
   const std::int64_t slot = P;  // page 1
   const auto write = [&](PageScaleView k_scale, PageScaleView v_scale) {
     write_kv_slots(make_thd<const float>(rows.data(), 1, Hkv, D), make_thd<const float>(rows.data(), 1, Hkv, D),
-                   std::span<const std::int64_t>(&slot, 1), make_page_pool(kp.data(), pages, P, Hkv, D),
-                   make_page_pool(vp.data(), pages, P, Hkv, D), k_scale, v_scale);
+                   make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(vp.data(), pages, P, Hkv, D),
+                   std::span<const std::int64_t>(&slot, 1), k_scale, v_scale);
   };
   EXPECT_THROW_NAMING(write(make_page_scales(ks.data(), pages, Hkv), make_page_scales(vs.data(), pages, Hkv)), "v_scale");
   EXPECT_THROW_NAMING(write({ks.data(), {1, 1}, {0, 0}}, make_page_scales(ks.data() + 1, 1, 1)), "k_scale.shape[0] (num_pages)");
@@ -501,12 +501,12 @@ TEST(QuantizedWrite, RejectsBadScalesAndWritesNothing) {
   std::memcpy(held.data() + 2, &slot, sizeof slot);  // over the K scale of page 1
   const auto* slot_in_scales = reinterpret_cast<const std::int64_t*>(held.data() + 2);
   const auto rows_view = make_thd<const float>(rows.data(), 1, Hkv, D);
-  EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, std::span<const std::int64_t>(slot_in_scales, 1),
-                                     make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(vp.data(), pages, P, Hkv, D),
+  EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, make_page_pool(kp.data(), pages, P, Hkv, D),
+                                     make_page_pool(vp.data(), pages, P, Hkv, D), std::span<const std::int64_t>(slot_in_scales, 1),
                                      make_page_scales(held.data() + 1, pages, Hkv), make_page_scales(v_held.data(), pages, Hkv)),
                       "k_scale");
-  EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, std::span<const std::int64_t>(&slot, 1),
-                                     make_page_pool(kp.data(), pages, P, Hkv, D), make_page_pool(kp.data() + 8, pages, P, Hkv, D),
+  EXPECT_THROW_NAMING(write_kv_slots(rows_view, rows_view, make_page_pool(kp.data(), pages, P, Hkv, D),
+                                     make_page_pool(kp.data() + 8, pages, P, Hkv, D), std::span<const std::int64_t>(&slot, 1),
                                      make_page_scales(ks.data(), pages, Hkv), make_page_scales(v_held.data(), pages, Hkv)),
                       "v_cache");
   for (auto x : kp) ASSERT_EQ(x, 7);
@@ -516,8 +516,8 @@ TEST(QuantizedWrite, RejectsBadScalesAndWritesNothing) {
   std::vector<fp8_e4m3> fk(kp.size()), fv(kp.size());
   float zero = 0.0f, one = 1.0f;
   EXPECT_THROW_NAMING(write_kv_slots(make_thd<const float>(rows.data(), 1, Hkv, D), make_thd<const float>(rows.data(), 1, Hkv, D),
-                                     std::span<const std::int64_t>(&slot, 1), make_page_pool(fk.data(), pages, P, Hkv, D),
-                                     make_page_pool(fv.data(), pages, P, Hkv, D), PageScaleView{&zero, {1, 1}, {0, 0}},
+                                     make_page_pool(fk.data(), pages, P, Hkv, D), make_page_pool(fv.data(), pages, P, Hkv, D),
+                                     std::span<const std::int64_t>(&slot, 1), PageScaleView{&zero, {1, 1}, {0, 0}},
                                      PageScaleView{&one, {1, 1}, {0, 0}}),
                       "k_scale");
 }
@@ -651,7 +651,7 @@ void check_head_grouping() {
                                  make_bshd<const KV>(v.data(), B, Nk, Hkv, D), make_bshd(o.data(), B, N, H, D),
                                  make_lse(lse.data(), B, H, N), opt);
     detail::set_kv_scales(p, opt, "batch", B);
-    const TilePlan plan = plan_forward(detail::plan_shape(p.q, p.k, p.v, B, N, Nk), opt);
+    const TilePlan plan = forward_tiles(detail::plan_shape(p.q, p.k, p.v, B, N, Nk), opt);
     EXPECT_EQ(kernels::in_place_heads_per_item(p, plan), sizeof(KV) == 1 ? Hkv : 1);  // 8-bit: all grouped
     kernels::run_forward<NoIoCounting>(p, plan, kernels::ForwardWorkList(p, plan, {}, heads_per_item), opt.execution);
     std::vector<float> out = as_floats(o);

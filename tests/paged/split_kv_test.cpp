@@ -151,7 +151,7 @@ struct TiedScoreBatch {
   index_t keys_per_split(const PagedOptions& opt) const {
     std::vector<T> o(q.size());
     std::vector<float> lse(static_cast<std::size_t>(batch() * heads_q * q_len));
-    return plan_paged(q_view(), pool(k_pool), pool(v_pool), make_block_table(table.data(), batch(), max_pages),
+    return plan_forward_paged(q_view(), pool(k_pool), pool(v_pool), make_block_table(table.data(), batch(), max_pages),
                       seqlens, make_bshd(o.data(), batch(), q_len, heads_q, head_dim),
                       make_lse(lse.data(), batch(), heads_q, q_len), opt)
         .keys_per_split();

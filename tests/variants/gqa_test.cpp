@@ -83,9 +83,9 @@ TEST(GqaPlan, ChunkedBudgetSplitsGroups) {
     for (index_t group : {3, 4, 13, 27}) {
       ForwardOptions opts;
       opts.sram_budget_bytes = budget_bytes(Budget::chunked, d, group);
-      EXPECT_LT(plan_forward(PlanShape{d, d, 37, 91, group}, opts).heads_per_tile, group) << "d " << d;
+      EXPECT_LT(forward_tiles(PlanShape{d, d, 37, 91, group}, opts).heads_per_tile, group) << "d " << d;
       opts.sram_budget_bytes = 1 << 20;
-      EXPECT_EQ(plan_forward(PlanShape{d, d, 1, 113, group}, opts).heads_per_tile, group) << "d " << d;
+      EXPECT_EQ(forward_tiles(PlanShape{d, d, 1, 113, group}, opts).heads_per_tile, group) << "d " << d;
     }
 }
 
@@ -126,7 +126,7 @@ Traffic measure(const Shape& s, ForwardOptions opts) {
   opts.io_counts = &counts;
   p.run(opts);
   const index_t group = s.heads_q / s.heads_kv;
-  const TilePlan plan = plan_forward(PlanShape{s.head_dim, s.head_dim, s.seqlen_q, s.seqlen_k, group, s.batch * s.heads_kv}, opts);
+  const TilePlan plan = forward_tiles(PlanShape{s.head_dim, s.head_dim, s.seqlen_q, s.seqlen_k, group, s.batch * s.heads_kv}, opts);
   const index_t offset = opts.alignment == MaskAlignment::bottom_right ? s.seqlen_k - s.seqlen_q : 0;
   const VisibleKeys keys{offset, opts.window_left, opts.causal ? 0 : opts.window_right, s.seqlen_k};
   const auto elems = static_cast<std::uint64_t>(s.batch * s.seqlen_q * s.heads_q);
@@ -154,7 +154,7 @@ TEST(GqaTraffic, KvBytesScaleWithKvHeadsNotQueryHeads) {
       const std::uint64_t kv = t.measured.bytes_read - t.q_bytes;
       EXPECT_EQ(kv, t.kv_bytes);
       EXPECT_EQ(t.measured.bytes_written, t.written_bytes);
-      const TilePlan plan = plan_forward(PlanShape{d, d, nq, nk, Hq / hkv, B * hkv}, opts);
+      const TilePlan plan = forward_tiles(PlanShape{d, d, nq, nk, Hq / hkv, B * hkv}, opts);
       const bool one_tile_per_group = plan.heads_per_tile == Hq / hkv && plan.query_tiles(nq) == 1;
       if (nq == 4) {
         EXPECT_TRUE(one_tile_per_group);

@@ -193,7 +193,7 @@ std::uint64_t window_kv_bytes(index_t n, index_t w, std::uint64_t* analytic) {
   IoCounts counts;
   opts.io_counts = &counts;
   p.run(opts);
-  const TilePlan plan = plan_forward(PlanShape{d, d, n, n, 1, 2}, opts);
+  const TilePlan plan = forward_tiles(PlanShape{d, d, n, n, 1, 2}, opts);
   *analytic = 2 * kv_bytes_per_kv_head(plan, 1, n, VisibleKeys{0, w, 0, n}, d);
   const std::uint64_t q_bytes = static_cast<std::uint64_t>(n * 2 * d) * sizeof(float);
   return counts.bytes_read - q_bytes;
@@ -234,7 +234,7 @@ TEST(WindowTraffic, RightBoundOnlyReadsUpToTheLastVisibleKey) {
   IoCounts counts;
   opts.io_counts = &counts;
   p.run(opts);
-  const TilePlan plan = plan_forward(PlanShape{d, d, nq, nk, 1, 1}, opts);
+  const TilePlan plan = forward_tiles(PlanShape{d, d, nq, nk, 1, 1}, opts);
   const std::uint64_t q_bytes = static_cast<std::uint64_t>(nq * d) * sizeof(float);
   EXPECT_EQ(counts.bytes_read - q_bytes,
             kv_bytes_per_kv_head(plan, 1, nq, VisibleKeys{0, -1, right, nk}, d));

@@ -78,7 +78,7 @@ inline float reduce_max(__m256 v) {
 template <int Rows, int Vectors, bool Accumulate, bool Masked, bool TransA>
 inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, index_t ldb,
                        float* c, index_t ldc, __m256i last) {
-  __m256 acc[Rows][Vectors];
+  __m256 acc[static_cast<std::size_t>(Rows)][static_cast<std::size_t>(Vectors)];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
@@ -94,7 +94,7 @@ inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, i
   }
   for (index_t p = 0; p < k; ++p) {
     const float* bp = b + p * ldb;
-    __m256 bv[Vectors];
+    __m256 bv[static_cast<std::size_t>(Vectors)];
 #pragma GCC unroll 4
     for (int v = 0; v < Vectors; ++v)
       bv[v] = (Masked && v == Vectors - 1) ? _mm256_maskload_ps(bp + v * lanes, last)
@@ -174,7 +174,7 @@ inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda,
     return;
   }
   constexpr index_t packed_ld = Vectors * lanes;
-  alignas(64) float packed[pack_depth * packed_ld];
+  alignas(64) float packed[static_cast<std::size_t>(pack_depth * packed_ld)];
   for (index_t p0 = 0; p0 < k; p0 += pack_depth) {
     const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
     pack_panel<Vectors, Masked>(depth, b + p0 * ldb, ldb, packed, last);

@@ -167,7 +167,7 @@ template <int Rows, int Vectors, bool Accumulate, bool TransA, class E>
 inline void gemm_block(index_t k, const E* a, index_t lda, const E* b, index_t ldb,
                        float* c, index_t ldc, __mmask16 last) {
   using Op = Operand<E>;
-  __m512 acc[Rows][Vectors];
+  __m512 acc[static_cast<std::size_t>(Rows)][static_cast<std::size_t>(Vectors)];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r) {
 #pragma GCC unroll 4
@@ -183,7 +183,7 @@ inline void gemm_block(index_t k, const E* a, index_t lda, const E* b, index_t l
   }
   for (index_t p = 0; p < k; ++p) {
     const E* bp = b + p * ldb;
-    typename Op::vec bv[Vectors];
+    typename Op::vec bv[static_cast<std::size_t>(Vectors)];
 #pragma GCC unroll 4
     for (int v = 0; v < Vectors; ++v)
       bv[v] = v == Vectors - 1 ? Op::load(bp + v * lanes, last) : Op::load(bp + v * lanes);
@@ -259,7 +259,7 @@ inline void gemm_panel_packed(index_t m, index_t k, const E* a, index_t lda, con
     return;
   }
   constexpr index_t packed_ld = Vectors * lanes;
-  alignas(64) E packed[pack_depth * packed_ld];
+  alignas(64) E packed[static_cast<std::size_t>(pack_depth * packed_ld)];
   for (index_t p0 = 0; p0 < k; p0 += pack_depth) {
     const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
     pack_panel<Vectors>(depth, b + p0 * ldb, ldb, packed, last);
@@ -803,7 +803,7 @@ inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const
 #pragma GCC unroll 16
   for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
   for (index_t p = 0; p < k_full; p += lanes) {
-    __m512 av[Rows];
+    __m512 av[static_cast<std::size_t>(Rows)];
 #pragma GCC unroll 4
     for (int r = 0; r < Rows; ++r) av[r] = _mm512_loadu_ps(a + r * lda + p);
 #pragma GCC unroll 8
@@ -814,7 +814,7 @@ inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const
     }
   }
   if (k_full < k) {
-    __m512 av[Rows];
+    __m512 av[static_cast<std::size_t>(Rows)];
     for (int r = 0; r < Rows; ++r) av[r] = _mm512_maskz_loadu_ps(k_tail, a + r * lda + k_full);
 #pragma GCC unroll 8
     for (int j = 0; j < Keys; ++j) {
@@ -835,7 +835,7 @@ inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const
 template <int Rows, int Vectors, class E>
 inline void gemm_rows_block(index_t k, const float* a, index_t lda, const E* const* b_rows, index_t col0,
                             float* c, index_t ldc, __mmask16 last) {
-  __m512 acc[Rows][Vectors];
+  __m512 acc[static_cast<std::size_t>(Rows)][static_cast<std::size_t>(Vectors)];
 #pragma GCC unroll 8
   for (int r = 0; r < Rows; ++r)
 #pragma GCC unroll 4
@@ -844,7 +844,7 @@ inline void gemm_rows_block(index_t k, const float* a, index_t lda, const E* con
                                    : _mm512_loadu_ps(c + r * ldc + v * lanes);
   for (index_t p = 0; p < k; ++p) {
     const E* bp = b_rows[p] + col0;
-    __m512 bv[Vectors];
+    __m512 bv[static_cast<std::size_t>(Vectors)];
 #pragma GCC unroll 4
     for (int v = 0; v < Vectors; ++v)
       bv[v] = v == Vectors - 1 ? load_floats(bp + v * lanes, last) : load_floats(bp + v * lanes);

@@ -1,11 +1,11 @@
-// tileattn/backend/execution.hpp: how a call asks to be run (which backend, how many threads).
+// tileattn/backend/execution.hpp: how a call asks to be run (which backend, how many threads):
+// Backend and Execution (core/execution.hpp, below the params that hold them) and the
+// backends' names.
 #pragma once
 
-namespace tileattn {
+#include "tileattn/core/execution.hpp"
 
-/// The parallel backends. `automatic` picks OpenMP when compiled in, else oneTBB, else
-/// serial. Asking for a backend that was not compiled in is an invalid_argument.
-enum class Backend { automatic, serial, openmp, tbb };
+namespace tileattn {
 
 inline const char* to_string(Backend b) {
   switch (b) {
@@ -16,13 +16,5 @@ inline const char* to_string(Backend b) {
   }
   return "unknown";
 }
-
-/// Per-call execution choice. num_threads == 0 means the backend's default (all hardware
-/// threads); at most max_threads. A call never starts more threads than it has work items.
-/// Results are bitwise identical for every choice.
-struct Execution {
-  Backend backend = Backend::automatic;
-  int num_threads = 0;
-};
 
 }  // namespace tileattn

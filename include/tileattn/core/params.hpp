@@ -11,10 +11,10 @@
 #include <optional>
 #include <span>
 
-#include "tileattn/backend/execution.hpp"
+#include "tileattn/core/execution.hpp"
+#include "tileattn/core/io_counts.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/strided_view.hpp"
-#include "tileattn/memory/io_counter.hpp"
 
 namespace tileattn {
 
@@ -77,11 +77,6 @@ using KvScaleView = StridedView<const float, 2>;
 /// A scale view of extents 1 x 1 for one scale shared by every key: per-tensor scaling.
 inline KvScaleView per_tensor_scale(const float* scale) { return {scale, {1, 1}, {0, 0}}; }
 
-/// One scale per K/V head ([1, heads_kv]; heads_kv floats from `scales`).
-inline KvScaleView per_head_scales(const float* scales, index_t heads_kv) {
-  return {scales, {1, heads_kv}, {0, 1}};
-}
-
 struct ForwardOptions : ScoreOptions {
   /// Multiplies Q K^T before the softmax; unset means 1 / sqrt(head_dim).
   std::optional<float> softmax_scale;
@@ -99,6 +94,11 @@ struct ForwardOptions : ScoreOptions {
 /// The backward's options: the forward's (they must be the ones the forward ran with), and
 /// the gradients of the two trained score parameters, written when the caller asks.
 struct BackwardOptions : ForwardOptions {
+  BackwardOptions() = default;
+  /// The backward of a forward that ran with `forward` (docs/api.md): its options, with no
+  /// gradient of the score parameters asked for yet.
+  explicit BackwardOptions(const ForwardOptions& forward) : ForwardOptions(forward) {}
+
   /// d(loss)/d(sinks[h]), heads_q entries (needs sinks); empty: not computed.
   std::span<float> dsinks{};
   /// d(loss)/d(bias), the bias's own shape: dimensions it broadcasts (extent 1) are summed

@@ -22,15 +22,15 @@ struct StridedView {
   static constexpr int rank = Rank;
 
   T* data = nullptr;
-  std::array<index_t, Rank> shape{};
-  std::array<index_t, Rank> stride{};
+  std::array<index_t, static_cast<std::size_t>(Rank)> shape{};
+  std::array<index_t, static_cast<std::size_t>(Rank)> stride{};
 
   template <class... I>
   T& operator()(I... i) const {
     static_assert(sizeof...(I) == Rank, "one index per dimension");
-    const std::array<index_t, Rank> idx{static_cast<index_t>(i)...};
+    const std::array<index_t, sizeof...(I)> idx{static_cast<index_t>(i)...};
     index_t offset = 0;
-    for (int d = 0; d < Rank; ++d) offset += idx[d] * stride[d];
+    for (std::size_t d = 0; d < sizeof...(I); ++d) offset += idx[d] * stride[d];
     return data[offset];
   }
 

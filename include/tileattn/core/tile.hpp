@@ -1,8 +1,10 @@
 // tileattn/core/tile.hpp: SRAM tiles: aligned row-major matrices carved from a worker's scratch.
 //
+// The types only: carving them out of a ScratchArena (carve_tile, carve_row_refs,
+// carve_tile_vector) is memory/scratch_arena.hpp's, so that core needs nothing above it.
+//
 // A Tile has a capacity fixed when it is carved and a current extent (rows x cols) that a
-// kernel shrinks for the partial tiles at the end of a sequence. Cols may be fixed at
-// compile time (head_dim), so loops over a head vector unroll. Rows are padded to whole
+// kernel shrinks for the partial tiles at the end of a sequence. Rows are padded to whole
 // cache lines: row(r) is always 64-byte aligned. RowRefs is the tile a load fills without
 // copying: pointers to rows that stay in main memory (K and V read in place when few
 // query rows share them).
@@ -12,15 +14,13 @@
 #include <cstddef>
 
 #include "tileattn/core/types.hpp"
-#include "tileattn/memory/scratch_arena.hpp"
 
 namespace tileattn {
 
-template <class T, index_t Cols = dynamic_extent>
+template <class T>
 class Tile {
  public:
   using element_type = T;
-  static constexpr index_t static_cols = Cols;
   static constexpr index_t row_granule = static_cast<index_t>(cache_line_bytes / sizeof(T));
 
   /// Elements between consecutive rows for a tile of `cols` columns.
@@ -29,25 +29,15 @@ class Tile {
   }
 
   /// Scratch bytes a rows x cols tile takes: what the planner budgets for it.
-  static constexpr std::size_t footprint(index_t rows, index_t cols = Cols) {
+  static constexpr std::size_t footprint(index_t rows, index_t cols) {
     return round_up_to_line(static_cast<std::size_t>(rows * leading_dim(cols)) * sizeof(T));
   }
 
   Tile() = default;
 
-  static Tile carve(ScratchArena& arena, index_t rows, index_t cols = Cols) {
-    static_assert(Cols == dynamic_extent || Cols > 0);
-    assert(rows > 0 && cols > 0 && (Cols == dynamic_extent || cols == Cols));
-    Tile t;
-    t.ld_ = leading_dim(cols);
-    t.data_ = arena.carve<T>(static_cast<std::size_t>(rows * t.ld_));
-    t.capacity_rows_ = t.rows_ = rows;
-    t.capacity_cols_ = t.cols_ = cols;
-    return t;
-  }
-
-  /// A rows x cols window onto memory the caller owns, ld elements between rows: how a
-  /// kernel hands a main-memory accumulator (the backward's fp32 dQ) to the tile products.
+  /// A rows x cols window onto memory the caller owns, ld elements between rows: how
+  /// carve_tile hands out scratch, and how a kernel hands a main-memory accumulator (the
+  /// backward's fp32 dQ) to the tile products.
   static Tile wrap(T* data, index_t rows, index_t cols, index_t ld) {
     Tile t;
     t.data_ = data;
@@ -58,7 +48,7 @@ class Tile {
   }
 
   /// Shrinks (or restores) the extent in use, within the capacity carved.
-  void set_extent(index_t rows, index_t cols = Cols) {
+  void set_extent(index_t rows, index_t cols) {
     assert(rows >= 0 && rows <= capacity_rows_ && cols >= 0 && cols <= capacity_cols_);
     rows_ = rows;
     cols_ = cols;
@@ -86,10 +76,7 @@ class Tile {
   }
 
   index_t rows() const { return rows_; }
-  index_t cols() const {
-    if constexpr (Cols != dynamic_extent) return Cols;
-    else return cols_;
-  }
+  index_t cols() const { return cols_; }
   index_t ld() const { return ld_; }
   index_t capacity_rows() const { return capacity_rows_; }
   index_t capacity_cols() const { return capacity_cols_; }
@@ -106,8 +93,8 @@ class Tile {
 };
 
 /// A tile of rows read in place: row r is the main-memory row rows[r] (cols contiguous
-/// elements). Carved like a tile (Bc pointers); tile IO's load_row_refs fills it and counts
-/// the bytes the products will read.
+/// elements). Carved like a tile (Bc pointers: carve_row_refs); tile IO's load_row_refs fills
+/// it and counts the bytes the products will read.
 template <class T>
 class RowRefs {
  public:
@@ -115,9 +102,10 @@ class RowRefs {
   static constexpr std::size_t footprint(index_t rows) {
     return round_up_to_line(static_cast<std::size_t>(rows) * sizeof(const T*));
   }
-  static RowRefs carve(ScratchArena& arena, index_t capacity) {
+  /// Room for `capacity` row addresses at `rows` (memory the caller owns), none set yet.
+  static RowRefs wrap(const T** rows, index_t capacity) {
     RowRefs t;
-    t.rows_ = arena.carve<const T*>(static_cast<std::size_t>(capacity));
+    t.rows_ = rows;
     t.capacity_ = capacity;
     return t;
   }
@@ -138,16 +126,18 @@ class RowRefs {
   index_t count_ = 0, cols_ = 0, capacity_ = 0;
 };
 
-/// A per-row statistic of a query tile (running max, running sum): one float per row.
+/// A per-row statistic of a query tile (running max, running sum): one float per row
+/// (carve_tile_vector).
 template <class T>
 class TileVector {
  public:
   static constexpr std::size_t footprint(index_t size) {
     return round_up_to_line(static_cast<std::size_t>(size) * sizeof(T));
   }
-  static TileVector carve(ScratchArena& arena, index_t size) {
+  /// `size` elements at `data` (memory the caller owns).
+  static TileVector wrap(T* data, index_t size) {
     TileVector v;
-    v.data_ = arena.carve<T>(static_cast<std::size_t>(size));
+    v.data_ = data;
     v.size_ = size;
     return v;
   }

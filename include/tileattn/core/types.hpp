@@ -11,11 +11,13 @@ namespace tileattn {
 /// products never overflow.
 using index_t = std::int64_t;
 
-/// Marks a tile extent that is known only at run time.
-inline constexpr index_t dynamic_extent = -1;
-
 /// Every SRAM tile row starts on a cache line (and a full AVX-512 vector).
 inline constexpr std::size_t cache_line_bytes = 64;
+
+/// Rounds a byte count up to whole cache lines: the granule of every carve.
+constexpr std::size_t round_up_to_line(std::size_t bytes) {
+  return (bytes + cache_line_bytes - 1) / cache_line_bytes * cache_line_bytes;
+}
 
 namespace detail {
 /// ceil(a / b) for b >= 1, without the overflow of (a + b - 1) / b near INT64_MAX.

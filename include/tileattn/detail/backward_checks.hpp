@@ -19,7 +19,7 @@ void check_like(const StridedView<A, R>& view, const std::string& name, const St
   EmptyExtents<R> empty{};
   if (may_be_empty) empty[static_cast<std::size_t>(layout.seqlen)] = true;
   check_view(view, name, layout.names, empty);
-  for (int d = 0; d < R; ++d) check_same_extent(like, like_name, view, name, d, layout.names[d]);
+  for (std::size_t d = 0; d < R; ++d) check_same_extent(like, like_name, view, name, d, layout.names[d]);
 }
 
 /// q, k, v and o as the forward checks them (o read-only here), dO like o, dQ like q, dK
@@ -50,7 +50,7 @@ void check_extra_gradients(const BackwardParams<T>& p) {
   if (!p.dbias.data) return;
   TILEATTN_REQUIRE(p.bias.data != nullptr, "dbias", "is set but options.bias is not (no bias to differentiate)");
   check_view(p.dbias, "dbias", score_dims, {false, false, true, true});
-  for (int d = 0; d < 4; ++d)
+  for (std::size_t d = 0; d < 4; ++d)
     TILEATTN_REQUIRE(p.dbias.shape[d] == p.bias.shape[d], dim_name("dbias", "shape", d, score_dims[d]),
             "must equal bias.shape[" + std::to_string(d) + "] = " + std::to_string(p.bias.shape[d]) + ", got " +
                 std::to_string(p.dbias.shape[d]));

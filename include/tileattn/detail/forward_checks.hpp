@@ -43,19 +43,20 @@ void check_qkvo(const StridedView<const T, R>& q, const StridedView<const KV, R>
   check_view(k, "k", names);
   check_view(v, "v", names);
   check_view(o, "o", names);
+  const auto heads = static_cast<std::size_t>(layout.heads), head_dim = static_cast<std::size_t>(layout.head_dim);
   for (int d : {layout.batch, layout.head_dim})
-    if (d >= 0) check_same_extent(q, "q", k, "k", d, names[d]);
-  TILEATTN_REQUIRE(q.shape[layout.heads] % k.shape[layout.heads] == 0,
-          dim_name("k", "shape", layout.heads, "heads"),
-          "num_heads_q = " + std::to_string(q.shape[layout.heads]) +
-              " must be a multiple of num_heads_kv = " + std::to_string(k.shape[layout.heads]));
-  for (int d = 0; d < R; ++d)
-    if (d != layout.head_dim) check_same_extent(k, "k", v, "v", d, names[d]);
-  for (int d = 0; d < R; ++d)
-    if (d != layout.head_dim) check_same_extent(q, "q", o, "o", d, names[d]);
-  check_same_extent(v, "v", o, "o", layout.head_dim, "head_dim_v");
-  check_head_dim(q.shape[layout.head_dim], "head_dim");
-  check_head_dim(v.shape[layout.head_dim], "head_dim_v");
+    if (d >= 0) check_same_extent(q, "q", k, "k", static_cast<std::size_t>(d), names[static_cast<std::size_t>(d)]);
+  TILEATTN_REQUIRE(q.shape[heads] % k.shape[heads] == 0,
+          dim_name("k", "shape", heads, "heads"),
+          "num_heads_q = " + std::to_string(q.shape[heads]) +
+              " must be a multiple of num_heads_kv = " + std::to_string(k.shape[heads]));
+  for (std::size_t d = 0; d < R; ++d)
+    if (d != head_dim) check_same_extent(k, "k", v, "v", d, names[d]);
+  for (std::size_t d = 0; d < R; ++d)
+    if (d != head_dim) check_same_extent(q, "q", o, "o", d, names[d]);
+  check_same_extent(v, "v", o, "o", head_dim, "head_dim_v");
+  check_head_dim(q.shape[head_dim], "head_dim");
+  check_head_dim(v.shape[head_dim], "head_dim_v");
 }
 
 /// An optional LSE output must have exactly the extents `want`.
@@ -64,9 +65,9 @@ void check_lse(const StridedView<float, R>& lse, const std::array<index_t, stati
                const std::array<const char*, static_cast<std::size_t>(R)>& names) {
   if (!lse.data) return;
   EmptyExtents<R> may_be_empty{};
-  for (int d = 0; d < R; ++d) may_be_empty[static_cast<std::size_t>(d)] = want[static_cast<std::size_t>(d)] == 0;
+  for (std::size_t d = 0; d < R; ++d) may_be_empty[static_cast<std::size_t>(d)] = want[static_cast<std::size_t>(d)] == 0;
   check_view(lse, "lse", names, may_be_empty);
-  for (int d = 0; d < R; ++d)
+  for (std::size_t d = 0; d < R; ++d)
     TILEATTN_REQUIRE(lse.shape[d] == want[d], dim_name("lse", "shape", d, names[d]),
             "must be " + std::to_string(want[d]) + ", got " + std::to_string(lse.shape[d]));
 }
@@ -79,7 +80,7 @@ void check_score_view(const V& v, const std::string& name, index_t batch, index_
   if (!v.data) return;
   const std::array<index_t, 4> want{batch, heads, seqlen_q, seqlen_k};
   check_view(v, name, score_dims, {false, false, seqlen_q == 0, seqlen_k == 0});
-  for (int d = 0; d < 4; ++d) {
+  for (std::size_t d = 0; d < 4; ++d) {
     const bool broadcast = (d < 2 || want[d] == 0) && v.shape[d] == 1;
     TILEATTN_REQUIRE(broadcast || v.shape[d] == want[d], dim_name(name, "shape", d, score_dims[d]),
             std::string("must be ") + (d < 2 || want[d] == 0 ? "1 or " : "") +
@@ -95,7 +96,7 @@ inline void check_values(std::span<const float> values, const std::string& name,
     if (!(std::isfinite(x) || (allow_minus_infinity && x < 0 && std::isinf(x))))
       throw invalid_argument(name, "entry " + std::to_string(i) + " is not finite");
     if (std::isfinite(x) && std::abs(static_cast<double>(x)) > magnitude)
-      throw invalid_argument(name, "entry " + std::to_string(i) + " = " + std::to_string(x) + " is too large: " + bound);
+      throw invalid_argument(name, "entry " + std::to_string(i) + " = " + readable(x) + " is too large: " + bound);
   }
 }
 
@@ -105,8 +106,8 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
   const double max_log = max_natural_log_magnitude;
   TILEATTN_REQUIRE(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f && p.softmax_scale <= max_log,
           "softmax_scale",
-          "must be finite, > 0 and at most " + std::to_string(max_log) +
-              " (scale * log2(e) must be a finite float), got " + std::to_string(p.softmax_scale));
+          "must be finite, > 0 and at most " + readable(max_natural_log_magnitude) +
+              " (scale * log2(e) must be a finite float), got " + readable(p.softmax_scale));
   if (p.diagonal_offset) {
     const index_t off = *p.diagonal_offset;
     TILEATTN_REQUIRE(off >= -max_diagonal_offset && off <= max_diagonal_offset, "diagonal_offset",
@@ -115,8 +116,8 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
   TILEATTN_REQUIRE(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
   TILEATTN_REQUIRE(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
   TILEATTN_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.0f && p.softcap <= max_log, "softcap",
-          "must be finite, >= 0 (0: off) and at most " + std::to_string(max_log) +
-              " (softcap * log2(e) must be a finite float), got " + std::to_string(p.softcap));
+          "must be finite, >= 0 (0: off) and at most " + readable(max_natural_log_magnitude) +
+              " (softcap * log2(e) must be a finite float), got " + readable(p.softcap));
   if (!p.alibi_slopes.empty()) {
     const auto n = static_cast<index_t>(p.alibi_slopes.size());
     TILEATTN_REQUIRE(n == p.heads() || n == batch * p.heads(), "alibi_slopes",
@@ -125,7 +126,7 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
     const double distance = static_cast<double>(seqlen_q + seqlen_k) +  // above any |i + offset - j|
                             std::abs(static_cast<double>(p.diagonal(seqlen_q, seqlen_k)));
     check_values(p.alibi_slopes, "alibi_slopes", false, max_log / 4 / std::max(distance, 1.0),
-                 "|slope| * (seqlen_q + seqlen_k) must stay below " + std::to_string(max_log / 4));
+                 "|slope| * (seqlen_q + seqlen_k) must stay below " + readable(max_natural_log_magnitude / 4));
   }
   if (!p.sinks.empty()) {
     TILEATTN_REQUIRE(static_cast<index_t>(p.sinks.size()) == p.heads(), "sinks",
@@ -152,7 +153,7 @@ KvScaleView resolve_kv_scale(const KvScaleView& s, const char* name, const char*
   check_view(s, name, dims, {rows == 0, false});
   const std::array<index_t, 2> want{rows, heads_kv};
   KvScaleView out = s;
-  for (int d = 0; d < 2; ++d) {
+  for (std::size_t d = 0; d < 2; ++d) {
     TILEATTN_REQUIRE(s.shape[d] == want[d] || s.shape[d] == 1, dim_name(name, "shape", d, dims[d]),
                      "must be 1 or " + std::to_string(want[d]) + ", got " + std::to_string(s.shape[d]));
     if (s.shape[d] == 1) out.stride[d] = 0;

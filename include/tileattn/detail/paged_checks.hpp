@@ -23,7 +23,7 @@ template <class T>
 void check_page_pools(const TensorView<const T>& k, const TensorView<const T>& v) {
   check_view(k, "k_cache", pool_dims, {true, false, false, false});
   check_view(v, "v_cache", pool_dims, {true, false, false, false});
-  for (int d = 0; d < 3; ++d) check_same_extent(k, "k_cache", v, "v_cache", d, pool_dims[d]);
+  for (std::size_t d = 0; d < 3; ++d) check_same_extent(k, "k_cache", v, "v_cache", d, pool_dims[d]);
   check_head_dim(k.shape[dim::head_dim], "head_dim");
   check_head_dim(v.shape[dim::head_dim], "head_dim_v");
 }
@@ -34,7 +34,7 @@ void check_paged_queries(const TensorView<const T>& q, const TensorView<T>& o,
                          const TensorView<const KV>& k, const TensorView<const KV>& v, bool varlen) {
   check_view(q, "q", padded_layout.names, {false, varlen, false, false});
   check_view(o, "o", padded_layout.names, {false, varlen, false, false});
-  for (int d = 0; d < 3; ++d) check_same_extent(q, "q", o, "o", d, padded_layout.names[d]);
+  for (std::size_t d = 0; d < 3; ++d) check_same_extent(q, "q", o, "o", d, padded_layout.names[d]);
   check_same_extent(v, "v_cache", o, "o", dim::head_dim, "head_dim_v");
   check_same_extent(k, "k_cache", q, "q", dim::head_dim, "head_dim");
   TILEATTN_REQUIRE(q.shape[dim::heads] % k.shape[dim::heads] == 0, "k_cache.shape[2] (heads_kv)",

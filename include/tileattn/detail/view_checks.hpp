@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -15,6 +16,15 @@
 #include "tileattn/core/strided_view.hpp"
 
 namespace tileattn::detail {
+
+/// A float for an error message: the shortest text that reads back as x ("2.3587e+38",
+/// "0.125"), not std::to_string's fixed %f (39 digits for a bound near FLT_MAX, "0.000000"
+/// for a tiny value).
+inline std::string readable(float x) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, x).ptr;
+  return std::string(text, end);
+}
 
 /// Address range [begin, end) that a view's elements occupy; empty for a view with an
 /// extent of 0. Only meaningful for views that passed check_view (no overflow).
@@ -31,11 +41,11 @@ ByteSpan byte_span(const StridedView<T, R>& v) {
   const auto begin = reinterpret_cast<std::uintptr_t>(v.data);
   if (v.empty()) return {begin, begin};
   index_t last = 0;
-  for (int d = 0; d < R; ++d) last += (v.shape[d] - 1) * v.stride[d];
+  for (std::size_t d = 0; d < R; ++d) last += (v.shape[d] - 1) * v.stride[d];
   return {begin, begin + static_cast<std::uintptr_t>(last + 1) * sizeof(T)};
 }
 
-inline std::string dim_name(const std::string& view, const char* field, int d,
+inline std::string dim_name(const std::string& view, const char* field, std::size_t d,
                             const char* meaning) {
   return view + "." + field + "[" + std::to_string(d) + "] (" + meaning + ")";
 }
@@ -51,7 +61,7 @@ using EmptyExtents = std::array<bool, static_cast<std::size_t>(R)>;
 template <class T, int R>
 void check_view_fits(const StridedView<T, R>& v, const std::string& name) {
   index_t count = 1, last = 0;
-  for (int d = 0; d < R; ++d) {
+  for (std::size_t d = 0; d < R; ++d) {
     TILEATTN_REQUIRE(!__builtin_mul_overflow(count, v.shape[d], &count), name,
             "has more than 2^63 elements (the product of its extents overflows)");
     index_t reach = 0;
@@ -73,7 +83,7 @@ void check_view(const StridedView<T, R>& v, const std::string& name,
                 const std::array<const char*, static_cast<std::size_t>(R)>& dim_meanings,
                 const EmptyExtents<R>& may_be_empty = {}) {
   TILEATTN_REQUIRE(v.data != nullptr, name, "data is null");
-  for (int d = 0; d < R; ++d) {
+  for (std::size_t d = 0; d < R; ++d) {
     const bool empty_ok = may_be_empty[static_cast<std::size_t>(d)];
     TILEATTN_REQUIRE(v.shape[d] > 0 || (empty_ok && v.shape[d] == 0), dim_name(name, "shape", d, dim_meanings[d]),
             std::string("must be ") + (empty_ok ? ">= 0" : "> 0") + ", got " + std::to_string(v.shape[d]));
@@ -86,7 +96,7 @@ void check_view(const StridedView<T, R>& v, const std::string& name,
 /// a.shape[d] == b.shape[d], named after b.
 template <class A, class B>
 void check_same_extent(const A& a, const std::string& a_name, const B& b,
-                       const std::string& b_name, int d, const char* meaning) {
+                       const std::string& b_name, std::size_t d, const char* meaning) {
   TILEATTN_REQUIRE(a.shape[d] == b.shape[d], dim_name(b_name, "shape", d, meaning),
           "must equal " + a_name + ".shape[" + std::to_string(d) + "] = " +
               std::to_string(a.shape[d]) + ", got " + std::to_string(b.shape[d]));
@@ -98,16 +108,16 @@ void check_same_extent(const A& a, const std::string& a_name, const B& b,
 template <class T, int R>
 int overlapping_dimension(const StridedView<T, R>& v) {
   if (v.empty()) return -1;  // no element: nothing to overlap
-  std::array<int, R> order{};
-  for (int d = 0; d < R; ++d) order[d] = d;
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return v.stride[a] < v.stride[b]; });
+  std::array<std::size_t, static_cast<std::size_t>(R)> order{};
+  for (std::size_t d = 0; d < R; ++d) order[d] = d;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return v.stride[a] < v.stride[b]; });
   index_t reach = 0;  // furthest element offset reachable by the dimensions seen so far
-  for (int d : order) {
+  for (std::size_t d : order) {
     if (v.shape[d] == 1) continue;
     index_t span = 0;
     if (v.stride[d] <= reach || __builtin_mul_overflow(v.shape[d] - 1, v.stride[d], &span) ||
         __builtin_add_overflow(reach, span, &reach))
-      return d;
+      return static_cast<int>(d);
   }
   return -1;
 }
@@ -130,7 +140,7 @@ bool interleaved(const StridedView<T, R>& a, const StridedView<T, R>& b) {
   const std::uintptr_t gap = pa < pb ? pb - pa : pa - pb;
   if (a.stride != b.stride || gap % sizeof(T) != 0) return false;
   StridedView<T, R + 1> both{a.data, {2}, {static_cast<index_t>(gap / sizeof(T))}};
-  for (int d = 0; d < R; ++d) {
+  for (std::size_t d = 0; d < R; ++d) {
     both.shape[d + 1] = std::max(a.shape[d], b.shape[d]);
     both.stride[d + 1] = a.stride[d];
   }

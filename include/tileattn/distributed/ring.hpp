@@ -3,8 +3,8 @@
 // shard of Q, K, V (distributed/shard.hpp says which rows).
 //
 //   tileattn::ring::ShardLayout layout(N, P);  // zig-zag: balanced under a causal mask
-//   tileattn::ring::ring_forward(MPI_COMM_WORLD, layout, q, k, v, o, lse, opts);
-//   tileattn::ring::ring_backward(MPI_COMM_WORLD, layout, q, k, v, o, lse, dout, dq, dk, dv, bopts);
+//   tileattn::ring::forward(MPI_COMM_WORLD, layout, q, k, v, o, lse, opts);
+//   tileattn::ring::backward(MPI_COMM_WORLD, layout, q, k, v, o, lse, dout, dq, dk, dv, bopts);
 //
 // Forward: each rank keeps its queries; the K/V blocks travel around the ring (rank r sends
 // to r+1), P - 1 steps, the next block received (MPI_Isend / MPI_Irecv) while the current
@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "tileattn/backward.hpp"
+#include "tileattn/checked.hpp"
 #include "tileattn/distributed/ring_comm.hpp"
 #include "tileattn/distributed/shard.hpp"
 #include "tileattn/forward.hpp"
@@ -164,7 +165,7 @@ void merge_into(const TensorView<float>& acc, const StridedView<float, 3>& acc_l
   }
   const TensorView<const float> states[2] = {acc, state};
   const StridedView<const float, 3> lses[2] = {acc_lse, lse_c};
-  tileattn::detail::merge_states<float>(states, lses, acc, acc_lse, exec);
+  checked::merge_states<float>(states, lses, acc, acc_lse, exec);
 }
 
 inline double now() { return MPI_Wtime(); }
@@ -195,7 +196,7 @@ inline void check_ring(const RingComm& ring, const ShardLayout& layout, const Sc
 template <class T>
 std::vector<Field> agreed_fields(const ShardLayout& layout, const TensorView<const T>& q, const TensorView<const T>& k,
                                  const TensorView<const T>& v, const ForwardOptions& o, bool dsinks) {
-  const float scale = tileattn::detail::default_scale(o, q.shape[3]);
+  const float scale = checked::default_scale(o, q.shape[3]);
   return {{"layout.seqlen", layout.seqlen()},
           {"layout.sharding", static_cast<std::int64_t>(layout.sharding())},
           {"batch", q.shape[0]},
@@ -267,8 +268,8 @@ class ForwardAccumulator {
               const Chunk& qc, const Chunk& kc, const ForwardOptions& options) {
     const TensorView<T> o_c = make_bshd(pair_o_.data(), batch_, qc.length, heads_, dv_);
     const LseView lse_c = make_lse(pair_lse_.data(), batch_, heads_, qc.length);
-    tileattn::detail::forward<T, T>(rows(q, qc.local_start, qc.length), rows(k_block, kc.local_start, kc.length),
-                                    rows(v_block, kc.local_start, kc.length), o_c, lse_c, options);
+    checked::forward<T, T>(rows(q, qc.local_start, qc.length), rows(k_block, kc.local_start, kc.length),
+                           rows(v_block, kc.local_start, kc.length), o_c, lse_c, options);
     merge_into(rows(o_view_, qc.local_start, qc.length), rows(lse_view_, qc.local_start, qc.length, 2), o_c, lse_c,
                widened_, options.execution);
   }
@@ -299,12 +300,12 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
   const index_t n = q.shape[1];
   agree(ring, [&] {
     check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
-    if (n > 0) tileattn::detail::checked_params<T, T>(q, k, v, o, lse, options);
+    if (n > 0) checked::checked_params<T, T>(q, k, v, o, lse, options);
   }, agreed_fields(layout, q, k, v, options, false));
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {  // the local kernel: the whole sequence is here, in order
-    tileattn::detail::forward<T, T>(q, k, v, o, lse, options);
+    checked::forward<T, T>(q, k, v, o, lse, options);
     record_step(st, now() - start, 0.0);
   } else {
     const index_t B = q.shape[0], H = q.shape[2], Hkv = k.shape[2], dv = v.shape[3];
@@ -368,10 +369,10 @@ class BackwardAccumulators {
     const TensorView<T> dk = make_bshd(pair_dk_.data(), batch_, kc.length, heads_kv_, d_);
     const TensorView<T> dv = make_bshd(pair_dv_.data(), batch_, kc.length, heads_kv_, dv_);
     const auto q_rows = [&](const auto& t) { return rows(t, qc.local_start, qc.length); };
-    tileattn::detail::backward<T>(q_rows(q), rows(k_block, kc.local_start, kc.length),
-                                  rows(v_block, kc.local_start, kc.length), q_rows(o),
-                                  rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, options,
-                                  false);  // the LSE covers every rank's keys: P from it as saved
+    checked::backward<T>(q_rows(q), rows(k_block, kc.local_start, kc.length),
+                         rows(v_block, kc.local_start, kc.length), q_rows(o),
+                         rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, options,
+                         false);  // the LSE covers every rank's keys: P from it as saved
     add_into(q_rows(dq_view_), dq, options.execution);
     add_into(rows(step_.part(0, 0), kc.local_start, kc.length), dk, options.execution);
     add_into(rows(step_.part(0, 1), kc.local_start, kc.length), dv, options.execution);
@@ -412,12 +413,12 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   const index_t n = q.shape[1];
   agree(ring, [&] {
     check_ring(ring, layout, options, q.shape[1], k.shape[1], v.shape[1]);
-    if (n > 0) tileattn::detail::checked_backward_params<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
+    if (n > 0) checked::checked_backward_params<T>(q, k, v, o, lse, dout, dq, dk, dv, options);
   }, agreed_fields(layout, q, k, v, options, !options.dsinks.empty()));
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {
-    tileattn::detail::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options, true);  // every key here
+    checked::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options, true);  // every key here
     record_step(st, now() - start, 0.0);
     st.seconds = now() - start;
     if (stats) *stats = std::move(st);
@@ -476,32 +477,32 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
 /// the same bits on every run). q, k, v, o: [batch, layout.local_len(rank), heads, dim]
 /// shards as shard() cuts them; every rank calls with the same layout, shapes and options.
 template <class Q, class K, class V, class O>
-void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
                   const TensorView<V>& v, const TensorView<O>& o, LseView lse, const ForwardOptions& options = {},
                   RingStats* stats = nullptr) {
-  tileattn::detail::check_element_types<Q, K, V, O>();
+  checked::check_element_types<Q, K, V, O>();
   static_assert(std::is_same_v<std::remove_const_t<K>, O>,
                 "tileattn::ring: K and V must have Q's storage type (no 8-bit K/V in ring attention)");
   detail::ring_forward<O>(comm, layout, q, k, v, o, lse, options, stats);
 }
 
-/// ring_forward() without the log-sum-exp output.
+/// ring::forward() without the log-sum-exp output.
 template <class Q, class K, class V, class O>
-void ring_forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
                   const TensorView<V>& v, const TensorView<O>& o, const ForwardOptions& options = {},
                   RingStats* stats = nullptr) {
-  ring_forward(comm, layout, q, k, v, o, LseView{}, options, stats);
+  forward(comm, layout, q, k, v, o, LseView{}, options, stats);
 }
 
-/// The gradients of ring_forward: dq, dk, dv of this rank's shard (dk and dv summed over
+/// The gradients of ring::forward: dq, dk, dv of this rank's shard (dk and dv summed over
 /// every rank's queries), and options.dsinks summed over all ranks. o and lse are the
 /// forward's outputs on this rank; options the forward's.
 template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
-void ring_backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+void backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
                    const TensorView<V>& v, const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout,
                    const TensorView<DQ>& dq, const TensorView<DK>& dk, const TensorView<DV>& dv,
                    const BackwardOptions& options = {}, RingStats* stats = nullptr) {
-  tileattn::detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
+  checked::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
   static_assert(std::is_same_v<std::remove_const_t<K>, DQ>,
                 "tileattn::ring: K and V must have Q's storage type (no 8-bit K/V in ring attention)");
   detail::ring_backward<DQ>(comm, layout, q, k, v, o, lse, dout, dq, dk, dv, options, stats);

@@ -5,7 +5,7 @@
 //
 //   auto mask = tileattn::flex::causal{};
 //   auto blocks = tileattn::create_block_mask(mask, 1, 1, seqlen_q, seqlen_k);  // B, H: 1 broadcasts
-//   tileattn::flex_forward(q, k, v, o, lse, tileattn::flex::no_score_mod{}, blocks);
+//   tileattn::forward_flex(q, k, v, o, lse, tileattn::flex::no_score_mod{}, blocks);
 //
 // Built once by evaluating the mask_mod on every (query, key) position (in parallel), and
 // reusable across layers and calls of the same shape. Its block sizes are independent of

@@ -25,13 +25,15 @@
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/backward_plan.hpp"
 #include "tileattn/kernels/backward_work_list.hpp"
-#include "tileattn/kernels/forward.hpp"
+#include "tileattn/kernels/operands.hpp"
 #include "tileattn/memory/io_counter.hpp"
+#include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/operand_layout.hpp"
 #include "tileattn/ops/score_mods.hpp"
+#include "tileattn/ops/score_source.hpp"
 #include "tileattn/ops/softmax_grad.hpp"
 
 namespace tileattn::kernels {
@@ -61,32 +63,32 @@ struct BackwardTiles {
   Tile<float> slope;   // (Br, Bc) the modified score's derivative (softcap or a score_mod only)
   TileVector<float> lse2, lse2_low, delta;  // (Br) P's shift in log2 units (two parts: load_shift), D
 
-  static BackwardTiles carve(ScratchArena& arena, const BackwardPlan& plan, index_t d, index_t dv, bool slope) {
+  static BackwardTiles carve(ScratchArena& arena, const BackwardTilePlan& plan, index_t d, index_t dv, bool slope) {
     const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
     const auto cols = [](index_t n) { return operand_cols<Op>(n); };
     BackwardTiles t;
-    t.dk = Tile<float>::carve(arena, bc, d);
-    t.dv = Tile<float>::carve(arena, bc, dv);
-    t.s = Tile<float>::carve(arena, br, bc);
-    t.ds = Tile<float>::carve(arena, br, bc);
-    if (slope) t.slope = Tile<float>::carve(arena, br, bc);
-    t.lse2 = TileVector<float>::carve(arena, br);
-    t.lse2_low = TileVector<float>::carve(arena, br);
-    t.delta = TileVector<float>::carve(arena, br);
-    t.k = Tile<Op>::carve(arena, bc, cols(d));
-    t.k_t = Tile<Op>::carve(arena, cols(d), bc);
+    t.dk = carve_tile<float>(arena, bc, d);
+    t.dv = carve_tile<float>(arena, bc, dv);
+    t.s = carve_tile<float>(arena, br, bc);
+    t.ds = carve_tile<float>(arena, br, bc);
+    if (slope) t.slope = carve_tile<float>(arena, br, bc);
+    t.lse2 = carve_tile_vector<float>(arena, br);
+    t.lse2_low = carve_tile_vector<float>(arena, br);
+    t.delta = carve_tile_vector<float>(arena, br);
+    t.k = carve_tile<Op>(arena, bc, cols(d));
+    t.k_t = carve_tile<Op>(arena, cols(d), bc);
     if constexpr (pairs) {
-      t.k_rows = Tile<Op>::carve(arena, cols(bc), d);
-      t.v = Tile<Op>::carve(arena, bc, cols(dv));
+      t.k_rows = carve_tile<Op>(arena, cols(bc), d);
+      t.v = carve_tile<Op>(arena, bc, cols(dv));
     }
-    t.v_t = Tile<Op>::carve(arena, cols(dv), bc);
-    t.q = Tile<Op>::carve(arena, br, cols(d));
-    t.dout = Tile<Op>::carve(arena, br, cols(dv));
+    t.v_t = carve_tile<Op>(arena, cols(dv), bc);
+    t.q = carve_tile<Op>(arena, br, cols(d));
+    t.dout = carve_tile<Op>(arena, br, cols(dv));
     if constexpr (pairs) {
-      t.q_rows = Tile<Op>::carve(arena, cols(br), d);
-      t.dout_rows = Tile<Op>::carve(arena, cols(br), dv);
-      t.p_op = Tile<Op>::carve(arena, cols(br), bc);
-      t.ds_op = Tile<Op>::carve(arena, br, cols(bc));
+      t.q_rows = carve_tile<Op>(arena, cols(br), d);
+      t.dout_rows = carve_tile<Op>(arena, cols(br), dv);
+      t.p_op = carve_tile<Op>(arena, cols(br), bc);
+      t.ds_op = carve_tile<Op>(arena, br, cols(bc));
     }
     return t;
   }
@@ -130,7 +132,7 @@ struct BackwardState {
   SavedRowStats row_stats;
 
   template <class T>
-  BackwardState(const BackwardParams<T>& p, const BackwardPlan& plan, const SavedRowStats& stats = {})
+  BackwardState(const BackwardParams<T>& p, const BackwardTilePlan& plan, const SavedRowStats& stats = {})
       : dq_acc(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2] * p.q.shape[3]), 0.0f),
         delta(static_cast<std::size_t>(p.q.shape[0] * p.q.shape[1] * p.q.shape[2]), 0.0f),
         dq_acc_view(make_bhsd(dq_acc.data(), p.q.shape[0], p.q.shape[2], p.q.shape[1], p.q.shape[3])),
@@ -142,16 +144,16 @@ struct BackwardState {
 
 /// Pass 1 for one (sequence, head, query tile): D = rowsum(dO * O) in fp32.
 template <class T, class Io>
-void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardPlan& plan, const BackwardState& st,
+void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardTilePlan& plan, const BackwardState& st,
                               index_t b, index_t head, index_t tile, Io& io) {
   const SequenceRange seq = p.sequence(b);
   const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
   ScratchArena& arena = worker_scratch(plan.working_set_bytes);
-  Tile<float> o = Tile<float>::carve(arena, n, p.head_dim_v());
-  Tile<float> dout = Tile<float>::carve(arena, n, p.head_dim_v());
+  Tile<float> o = carve_tile<float>(arena, n, p.head_dim_v());
+  Tile<float> dout = carve_tile<float>(arena, n, p.head_dim_v());
   load_rows(o, sequence_matrix(p.out, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
   load_rows(dout, sequence_matrix(p.dout, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
-  TileVector<float> d = TileVector<float>::carve(arena, n);
+  TileVector<float> d = carve_tile_vector<float>(arena, n);
   ops::row_dots(dout, o, d.data());
   store_vector(&st.delta_view(seq.view_batch, head, seq.q_start + r0), 1, d.data(), n, io);
 }
@@ -311,7 +313,7 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
 
 /// Pass 2 for one work item: dK and dV of one key tile, summed over the group's query heads.
 template <class T, class Op, class Scores, class Io>
-void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, const KeyBlock& blk,
+void backward_key_block(const BackwardParams<T>& p, const BackwardTilePlan& plan, const KeyBlock& blk,
                         BackwardState& st, BackwardTiles<Op>& t, const Scores& scores, Io& io) {
   const SequenceRange& seq = blk.range;
   const auto mods = scores(p, blk.sequence, seq);
@@ -349,11 +351,11 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardPlan& plan, co
 
 /// Pass 3 for one (sequence, head, query tile): dQ = scale * dQ_acc, rounded once.
 template <class T, class Io>
-void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardPlan& plan, const BackwardState& st,
+void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardTilePlan& plan, const BackwardState& st,
                             index_t b, index_t head, index_t tile, Io& io) {
   const SequenceRange seq = p.sequence(b);
   const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
-  Tile<float> dq = Tile<float>::carve(worker_scratch(plan.working_set_bytes), n, p.head_dim());
+  Tile<float> dq = carve_tile<float>(worker_scratch(plan.working_set_bytes), n, p.head_dim());
   const TensorView<const float> acc = st.dq_acc_view;
   load_rows(dq, sequence_matrix(acc, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
   ops::scale(dq, p.softmax_scale);
@@ -383,7 +385,7 @@ void sink_gradients(const BackwardParams<T>& p, const BackwardState& st, Io& io)
 
 /// (sequence, head, query tile) triples of the whole batch, for passes 1 and 3.
 template <class T>
-std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, const BackwardPlan& plan) {
+std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, const BackwardTilePlan& plan) {
   std::vector<std::array<index_t, 3>> tiles;
   for (index_t b = 0; b < p.batch(); ++b)
     for (index_t h = 0; h < p.heads(); ++h)
@@ -395,8 +397,9 @@ std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, cons
 /// A bias gradient that broadcasts over sequences or K/V heads runs pass 2 in phases, one per
 /// sequence or head, so that each of its elements sums its shares in a fixed order. `scores`
 /// gives each item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
-template <class Io, class T, class Scores = ops::BuiltinScores>
-IoCounts run_backward(const BackwardParams<T>& p, const BackwardPlan& plan, const Execution& exec,
+template <io_policy Io, class T, class Scores = ops::BuiltinScores>
+  requires ops::backward_score_source<Scores, BackwardParams<T>, Io>
+IoCounts run_backward(const BackwardParams<T>& p, const BackwardTilePlan& plan, const Execution& exec,
                       const Scores& scores = {}, const SavedRowStats& row_stats = {}) {
   BackwardState st(p, plan, row_stats);
   const index_t workers = worker_count(exec);

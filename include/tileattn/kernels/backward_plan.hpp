@@ -33,7 +33,7 @@ namespace kernels {
 inline constexpr index_t sum_group_values = 32;
 }  // namespace kernels
 
-struct BackwardPlan {
+struct BackwardTilePlan {
   index_t query_tile_rows = 0;  // Br: query rows streamed per step
   index_t key_tile_rows = 0;    // Bc: keys resident per work item
   std::size_t sram_budget_bytes = 0;
@@ -56,6 +56,7 @@ struct BackwardShape {
   TileOperands operands = TileOperands::fp32;
 
   index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  bool operator==(const BackwardShape&) const = default;
 };
 
 /// Bytes the backward kernel carves for br query rows and bc keys (kernels/backward.hpp,
@@ -115,7 +116,7 @@ inline std::pair<index_t, index_t> smallest_backward_tiles(index_t nq, index_t n
 /// Plans the backward tiles of `shape` for `workers` threads under an SRAM budget; throws
 /// budget_error ("sram_budget_bytes") if not even the smallest tiles fit (1 x 1; bf16 pairs:
 /// 32 x 32, smallest_backward_tiles).
-inline BackwardPlan plan_backward_tiles(const BackwardShape& shape, std::size_t budget, int workers = 1) {
+inline BackwardTilePlan plan_backward_tiles(const BackwardShape& shape, std::size_t budget, int workers = 1) {
   using namespace detail;
   const index_t d = shape.head_dim, dv = shape.value_dim();
   const index_t nq = std::max<index_t>(shape.seqlen_q, 1), nk = std::max<index_t>(shape.seqlen_k, 1);

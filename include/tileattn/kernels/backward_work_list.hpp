@@ -60,7 +60,7 @@ std::pair<index_t, index_t> rows_visiting(const Window& w, index_t q_len, index_
 class BackwardWorkList {
  public:
   template <class T>
-  BackwardWorkList(const BackwardParams<T>& p, const BackwardPlan& plan, index_t seq_begin,
+  BackwardWorkList(const BackwardParams<T>& p, const BackwardTilePlan& plan, index_t seq_begin,
                    index_t seq_end, index_t kv_begin, index_t kv_end) {
     index_t most_tiles = 0;
     for (index_t b = seq_begin; b < seq_end; ++b) most_tiles = std::max(most_tiles, plan.key_tiles(p.sequence(b).k_len));
@@ -85,10 +85,10 @@ class BackwardWorkList {
 class DqTurns {
  public:
   template <class T>
-  DqTurns(const BackwardParams<T>& p, const BackwardPlan& plan) : heads_(p.heads()), br_(plan.query_tile_rows) {
+  DqTurns(const BackwardParams<T>& p, const BackwardTilePlan& plan) : heads_(p.heads()), br_(plan.query_tile_rows) {
     const index_t batch = p.batch();
     base_.resize(static_cast<std::size_t>(batch) + 1, 0);
-    for (index_t b = 0; b < batch; ++b) base_[b + 1] = base_[b] + plan.query_tiles(p.sequence(b).q_len);
+    for (index_t b = 0; b < batch; ++b) base_[static_cast<std::size_t>(b) + 1] = base_[static_cast<std::size_t>(b)] + plan.query_tiles(p.sequence(b).q_len);
     const auto tiles = static_cast<std::size_t>(base_.back());
     turns_ = std::make_unique<std::atomic<index_t>[]>(tiles * static_cast<std::size_t>(heads_));
     std::vector<index_t> first(tiles, -1);  // each query tile's first key tile
@@ -98,11 +98,11 @@ class DqTurns {
       for (index_t j = plan.key_tiles(seq.k_len) - 1; j >= 0; --j) {  // descending: the first wins
         const index_t col0 = j * plan.key_tile_rows;
         const auto [lo, hi] = rows_visiting(window, seq.q_len, col0, std::min(plan.key_tile_rows, seq.k_len - col0), br_);
-        for (index_t t = lo / br_; t * br_ < hi; ++t) first[static_cast<std::size_t>(base_[b] + t)] = j;
+        for (index_t t = lo / br_; t * br_ < hi; ++t) first[static_cast<std::size_t>(base_[static_cast<std::size_t>(b)] + t)] = j;
       }
     }
     for (std::size_t t = 0; t < tiles; ++t)
-      for (index_t h = 0; h < heads_; ++h) turns_[t * static_cast<std::size_t>(heads_) + h].store(first[t], std::memory_order_relaxed);
+      for (std::size_t h = 0; h < static_cast<std::size_t>(heads_); ++h) turns_[t * static_cast<std::size_t>(heads_) + h].store(first[t], std::memory_order_relaxed);
   }
 
   /// Blocks until key tile j may add to query tile `tile` of (sequence b, head).

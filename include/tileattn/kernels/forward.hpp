@@ -22,67 +22,23 @@
 #include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/kernels/kv_source.hpp"
 #include "tileattn/kernels/merge.hpp"
+#include "tileattn/kernels/operands.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/kernels/work_list.hpp"
 #include "tileattn/memory/io_counter.hpp"
+#include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
 #include "tileattn/ops/operand_layout.hpp"
 #include "tileattn/ops/score_mods.hpp"
+#include "tileattn/ops/score_source.hpp"
 
 namespace tileattn::kernels {
 
-/// Hint the next K/V tile into cache while this one is computed (docs/performance.md has
-/// the measured effect; define TILEATTN_NO_PREFETCH to compare).
-#if defined(TILEATTN_NO_PREFETCH)
-inline constexpr bool prefetch_next_kv_tile = false;
-#else
-inline constexpr bool prefetch_next_kv_tile = true;
-#endif
-
-/// The SRAM operand type of Q, K, V and P for storage type T: bf16 pairs where the arch
-/// multiplies them natively (arch::native::bf16_dot_product), float otherwise (fp16 has no
-/// such instruction here; float tiles keep its 11-bit significands exact, where bf16 tiles
-/// would drop 3 bits: docs/precision.md).
-/// Where the set is chosen at run time (arch/native.hpp's dispatch), so is this: there is no
-/// tile_operand_t, and kernels take the type from with_tile_operand.
-#if !TILEATTN_ARCH_DISPATCH
-template <class T>
-using tile_operand_t =
-    std::conditional_t<std::is_same_v<T, bf16> && arch::native::bf16_dot_product, bf16x2, float>;
-#endif
-
-template <class Op>
-inline constexpr TileOperands tile_operands_v =
-    std::is_same_v<Op, bf16x2> ? TileOperands::bf16_pairs : TileOperands::fp32;
-
-/// f(std::type_identity<Op>{}) for T's operand type Op (tile_operand_t<T>, or its run-time
-/// choice under dispatch: bf16 pairs where the running set multiplies them).
-template <class T, class F>
-decltype(auto) with_tile_operand(F&& f) {
-#if TILEATTN_ARCH_DISPATCH
-  if constexpr (std::is_same_v<T, bf16>)
-    if (arch::native::bf16_dot_product()) return f(std::type_identity<bf16x2>{});
-  return f(std::type_identity<float>{});
-#else
-  return f(std::type_identity<tile_operand_t<T>>{});
-#endif
-}
-
-/// tile_operands_v of T's operand type in this process.
-template <class T>
-TileOperands tile_operands_for() {
-  return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_v<Op>; });
-}
-
-/// Operand columns that hold n values (pairs hold two).
-template <class Op>
-constexpr index_t operand_cols(index_t n) {
-  return std::is_same_v<Op, bf16x2> ? (n + 1) / 2 : n;
-}
 
 /// Query rows per K/V group (positions x query heads) up to which a sequence reads K and V
 /// in place instead of packing them into SRAM tiles: decoding and short verify steps,
@@ -115,14 +71,14 @@ struct ForwardTiles {
   static ForwardTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
     const index_t br = plan.packed_rows(), bc = plan.key_tile_rows;
     ForwardTiles t;
-    t.q = Tile<Op>::carve(arena, br, operand_cols<Op>(d));
-    t.k_t = Tile<Op>::carve(arena, operand_cols<Op>(d), bc);
-    t.v = Tile<Op>::carve(arena, operand_cols<Op>(bc), dv);
-    t.s = Tile<float>::carve(arena, br, bc);
-    if constexpr (pairs) t.p = Tile<Op>::carve(arena, br, operand_cols<Op>(bc));
-    t.o = Tile<float>::carve(arena, br, dv);
+    t.q = carve_tile<Op>(arena, br, operand_cols<Op>(d));
+    t.k_t = carve_tile<Op>(arena, operand_cols<Op>(d), bc);
+    t.v = carve_tile<Op>(arena, operand_cols<Op>(bc), dv);
+    t.s = carve_tile<float>(arena, br, bc);
+    if constexpr (pairs) t.p = carve_tile<Op>(arena, br, operand_cols<Op>(bc));
+    t.o = carve_tile<float>(arena, br, dv);
     t.stats = ops::RowStats::carve(arena, br);
-    t.lse = TileVector<float>::carve(arena, br);
+    t.lse = carve_tile_vector<float>(arena, br);
     return t;
   }
 };
@@ -147,13 +103,13 @@ struct InPlaceTiles {
   static InPlaceTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
     const index_t br = rows(plan), bc = plan.key_tile_rows;
     InPlaceTiles t;
-    t.q = Tile<float>::carve(arena, br, d);
-    t.s = Tile<float>::carve(arena, br, bc);
-    t.o = Tile<float>::carve(arena, br, dv);
+    t.q = carve_tile<float>(arena, br, d);
+    t.s = carve_tile<float>(arena, br, bc);
+    t.o = carve_tile<float>(arena, br, dv);
     t.stats = ops::RowStats::carve(arena, br);
-    t.lse = TileVector<float>::carve(arena, br);
-    t.k_rows = RowRefs<T>::carve(arena, bc);
-    t.v_rows = RowRefs<T>::carve(arena, bc);
+    t.lse = carve_tile_vector<float>(arena, br);
+    t.k_rows = carve_row_refs<T>(arena, bc);
+    t.v_rows = carve_row_refs<T>(arena, bc);
     return t;
   }
 };
@@ -197,16 +153,6 @@ struct NoTileScales {
   template <class Io>
   TileScalesRef load(index_t, index_t, Io&) { return {}; }
 };
-
-/// The [len, head_dim] matrix of one head of one sequence.
-template <class T>
-MatrixView<T> sequence_matrix(const TensorView<T>& t, index_t view_batch, index_t head,
-                              index_t start, index_t len) {
-  MatrixView<T> m = head_matrix(t, view_batch, head);
-  if (len > 0) m.data += start * m.row_stride;  // an empty sequence may start past the last row
-  m.rows = len;
-  return m;
-}
 
 /// K and V of a work item in contiguous [batch, seqlen, heads, head_dim] views; 8-bit ones'
 /// scales per (sequence, K/V head).
@@ -483,7 +429,7 @@ void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scal
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
     load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
     const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
-    if (const index_t next = col0 + cols; prefetch_next_kv_tile && next < key_end) {
+    if (const index_t next = col0 + cols; next < key_end) {  // (docs/performance.md: its measured effect)
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
     }
@@ -567,7 +513,8 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
 /// the HBM traffic counted (zero unless Io counts). Each worker's scratch holds exactly the
 /// plan's working set (planned for with_tile_operand<T>'s Op). Kv says where K and V live; `scores`
 /// gives each item's score modifiers.
-template <class Io, class Kv = ContiguousKv, class T, class KV, class Scores = ops::BuiltinScores>
+template <io_policy Io, class Kv = ContiguousKv, class T, class KV, class Scores = ops::BuiltinScores>
+  requires kv_source<Kv, ForwardParams<T, KV>> && ops::forward_score_source<Scores, ForwardParams<T, KV>, Io>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
                      const Execution& exec, const Scores& scores = {}) {
   const std::size_t in_place_bytes =
@@ -607,7 +554,8 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
 }
 
 /// The same over the work list of an unsplit forward.
-template <class Io, class T, class KV, class Scores = ops::BuiltinScores>
+template <io_policy Io, class T, class KV, class Scores = ops::BuiltinScores>
+  requires ops::forward_score_source<Scores, ForwardParams<T, KV>, Io>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const Execution& exec,
                      const Scores& scores = {}) {
   return run_forward<Io>(p, plan, ForwardWorkList(p, plan, {}, in_place_heads_per_item(p, plan), scores), exec,

@@ -14,6 +14,7 @@
 
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/merge_states.hpp"
 #include "tileattn/ops/online_softmax.hpp"
@@ -64,9 +65,9 @@ struct MergeTiles {
            TileVector<float>::footprint(rows);
   }
   static MergeTiles carve(ScratchArena& arena, index_t rows, index_t dv) {
-    return {Tile<float>::carve(arena, rows, dv), Tile<float>::carve(arena, rows, dv),
+    return {carve_tile<float>(arena, rows, dv), carve_tile<float>(arena, rows, dv),
             ops::RowStats::carve(arena, rows), ops::RowStats::carve(arena, rows),
-            TileVector<float>::carve(arena, rows)};
+            carve_tile_vector<float>(arena, rows)};
   }
 };
 

@@ -67,6 +67,7 @@ struct PlanShape {
   TileOperands operands = TileOperands::fp32;
 
   index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  bool operator==(const PlanShape&) const = default;
 };
 
 namespace detail {

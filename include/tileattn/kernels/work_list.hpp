@@ -29,6 +29,7 @@
 #include "tileattn/core/params.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/ops/score_mods.hpp"
+#include "tileattn/ops/score_source.hpp"
 
 namespace tileattn::kernels {
 
@@ -68,6 +69,7 @@ class ForwardWorkList {
   /// kv_heads_per_item divides heads_kv; > 1 only when each tile holds a whole group.
   /// `scores` (the kernel's score-modifier source) refines each tile's work estimate.
   template <class T, class KV, class Scores = ops::BuiltinScores>
+    requires ops::forward_score_source<Scores, ForwardParams<T, KV>>
   ForwardWorkList(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split = {},
                   index_t kv_heads_per_item = 1, const Scores& scores = {})
       : heads_kv_(p.heads_kv()),

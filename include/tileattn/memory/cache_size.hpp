@@ -19,7 +19,7 @@ namespace detail {
 inline std::size_t parse_cache_size(const std::string& text) {
   std::size_t value = 0;
   std::size_t i = 0;
-  while (i < text.size() && text[i] >= '0' && text[i] <= '9') value = value * 10 + (text[i++] - '0');
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') value = value * 10 + static_cast<std::size_t>(text[i++] - '0');
   if (i < text.size() && (text[i] == 'K' || text[i] == 'k')) value *= 1024;
   if (i < text.size() && (text[i] == 'M' || text[i] == 'm')) value *= 1024 * 1024;
   return value;

@@ -2,26 +2,15 @@
 //
 // Kernels are templated on the policy. NoIoCounting compiles to nothing; CountingIo adds
 // the bytes of every tile load (HBM read) and store (HBM write) made by one worker.
-// Workers count privately and the kernel sums them into the caller's IoCounts at the end.
+// Workers count privately and the kernel sums them into the caller's IoCounts
+// (core/io_counts.hpp) at the end.
 #pragma once
 
 #include <cstdint>
 
+#include "tileattn/core/io_counts.hpp"
+
 namespace tileattn {
-
-/// HBM bytes moved by one kernel call: only bytes of valid tensor elements count,
-/// never the zero padding of partial tiles.
-struct IoCounts {
-  std::uint64_t bytes_read = 0;
-  std::uint64_t bytes_written = 0;
-
-  IoCounts& operator+=(const IoCounts& other) {
-    bytes_read += other.bytes_read;
-    bytes_written += other.bytes_written;
-    return *this;
-  }
-  friend bool operator==(const IoCounts&, const IoCounts&) = default;
-};
 
 /// The policy used when nobody asked for counts: zero cost.
 struct NoIoCounting {

@@ -1,4 +1,5 @@
-// tileattn/memory/scratch_arena.hpp: one worker's SRAM: a byte budget that every tile is carved from.
+// tileattn/memory/scratch_arena.hpp: one worker's SRAM: a byte budget that every tile is carved from,
+// and the carving of tiles, row references and tile vectors out of it.
 #pragma once
 
 #include <cassert>
@@ -9,14 +10,10 @@
 #include <string>
 
 #include "tileattn/core/error.hpp"
+#include "tileattn/core/tile.hpp"
 #include "tileattn/core/types.hpp"
 
 namespace tileattn {
-
-/// Rounds a byte count up to whole cache lines: the granule of every carve.
-constexpr std::size_t round_up_to_line(std::size_t bytes) {
-  return (bytes + cache_line_bytes - 1) / cache_line_bytes * cache_line_bytes;
-}
 
 /// A worker's scratch: `capacity()` bytes allocated (cache-line aligned) and a byte budget
 /// of at most that much. carve() hands out cache-line-aligned pieces and throws
@@ -84,6 +81,27 @@ inline ScratchArena& worker_scratch(std::size_t budget_bytes) {
     arena = std::make_unique<ScratchArena>(budget_bytes);
   arena->reset(budget_bytes);
   return *arena;
+}
+
+/// A rows x cols tile carved from `arena`: Tile<T>::footprint(rows, cols) bytes, rows
+/// padded to whole cache lines, its extent the whole capacity.
+template <class T>
+Tile<T> carve_tile(ScratchArena& arena, index_t rows, index_t cols) {
+  assert(rows > 0 && cols > 0);
+  const index_t ld = Tile<T>::leading_dim(cols);
+  return Tile<T>::wrap(arena.carve<T>(static_cast<std::size_t>(rows * ld)), rows, cols, ld);
+}
+
+/// Room for `capacity` row addresses (RowRefs<T>::footprint(capacity) bytes).
+template <class T>
+RowRefs<T> carve_row_refs(ScratchArena& arena, index_t capacity) {
+  return RowRefs<T>::wrap(arena.carve<const T*>(static_cast<std::size_t>(capacity)), capacity);
+}
+
+/// A vector of `size` elements (TileVector<T>::footprint(size) bytes).
+template <class T>
+TileVector<T> carve_tile_vector(ScratchArena& arena, index_t size) {
+  return TileVector<T>::wrap(arena.carve<T>(static_cast<std::size_t>(size)), size);
 }
 
 }  // namespace tileattn

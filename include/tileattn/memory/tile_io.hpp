@@ -40,8 +40,8 @@ void row_to_float(const S* in, float* out, index_t cols) {
 
 /// dst[r, :] = src[row0 + r, :] for r in [0, rows); sets dst's extent to rows x src.cols.
 /// Float tiles take any storage type (converted exactly).
-template <index_t Cols, class S, class Io>
-void load_rows(Tile<float, Cols>& dst, const MatrixView<const S>& src, index_t row0, index_t rows,
+template <class S, class Io>
+void load_rows(Tile<float>& dst, const MatrixView<const S>& src, index_t row0, index_t rows,
                Io& io) {
   const index_t cols = src.cols;
   dst.set_extent(rows, cols);
@@ -157,8 +157,8 @@ void load_rows_transposed(Tile<bf16x2>& dst, const MatrixView<const S>& src, ind
 /// Rows of the B operand of a product that sums over them (V in P V). A float tile is
 /// load_rows; a bf16 pair tile interleaves rows 2q and 2q + 1 into its row q (extent
 /// ceil(rows / 2) x cols, an odd last row paired with zeros).
-template <index_t Cols, class S, class Io>
-void load_rows_pairwise(Tile<float, Cols>& dst, const MatrixView<const S>& src, index_t row0,
+template <class S, class Io>
+void load_rows_pairwise(Tile<float>& dst, const MatrixView<const S>& src, index_t row0,
                         index_t rows, Io& io) {
   load_rows(dst, src, row0, rows, io);
 }
@@ -226,8 +226,8 @@ void load_rows_transposed(D& dst, const PagedMatrixView<const S>& src, index_t r
   });
 }
 
-template <index_t Cols, class S, class Io>
-void load_rows_pairwise(Tile<float, Cols>& dst, const PagedMatrixView<const S>& src, index_t row0,
+template <class S, class Io>
+void load_rows_pairwise(Tile<float>& dst, const PagedMatrixView<const S>& src, index_t row0,
                         index_t rows, Io& io) {
   load_rows(dst, src, row0, rows, io);
 }
@@ -285,8 +285,8 @@ void prefetch_rows(const PagedMatrixView<const S>& src, index_t row0, index_t ro
 
 /// dst[row0 + r, :] = src[r, :] for r in [0, src.rows()), rounded once to D's precision
 /// (to nearest even) when D is a 16-bit type.
-template <index_t Cols, class D, class Io>
-void store_rows(const MatrixView<D>& dst, index_t row0, const Tile<float, Cols>& src, Io& io) {
+template <class D, class Io>
+void store_rows(const MatrixView<D>& dst, index_t row0, const Tile<float>& src, Io& io) {
   const index_t rows = src.rows(), cols = src.cols();
   for (index_t r = 0; r < rows; ++r) {
     const float* in = src.row(r);

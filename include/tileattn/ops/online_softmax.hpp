@@ -23,6 +23,7 @@
 
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
 
 namespace tileattn::ops {
 
@@ -39,7 +40,7 @@ struct RowStats {
     return 2 * TileVector<float>::footprint(rows);
   }
   static RowStats carve(ScratchArena& arena, index_t rows) {
-    return {TileVector<float>::carve(arena, rows), TileVector<float>::carve(arena, rows)};
+    return {carve_tile_vector<float>(arena, rows), carve_tile_vector<float>(arena, rows)};
   }
   RowStats slice(index_t first, index_t count) const {
     return {max.slice(first, count), sum.slice(first, count)};

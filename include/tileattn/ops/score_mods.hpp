@@ -235,7 +235,7 @@ class ScoreModifiers {
 };
 
 /// The kernels' source of a work item's score modifiers when no user functor takes part:
-/// the built-in options of the params (FlexScores, ops/flex_scores.hpp, adds functors).
+/// the built-in options of the params (FlexScores, flex/scores.hpp, adds functors).
 struct BuiltinScores {
   template <class P>
   ScoreModifiers operator()(const P& p, index_t sequence, const SequenceRange& seq) const {

@@ -3,5 +3,5 @@
 using namespace flex_case;
 void call() {
   auto mask = [](index_t q, index_t kv) { return kv <= q; };
-  tileattn::flex_forward(view(), view(), view(), view(), lse(), tileattn::flex::no_score_mod{}, mask);
+  tileattn::forward_flex(view(), view(), view(), view(), lse(), tileattn::flex::no_score_mod{}, mask);
 }

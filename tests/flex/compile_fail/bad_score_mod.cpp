@@ -3,5 +3,5 @@
 using namespace flex_case;
 void call() {
   auto mod = [](float s, index_t q, index_t kv) { return s + float(q - kv); };
-  tileattn::flex_forward(view(), view(), view(), view(), lse(), mod, tileattn::flex::causal{});
+  tileattn::forward_flex(view(), view(), view(), view(), lse(), mod, tileattn::flex::causal{});
 }

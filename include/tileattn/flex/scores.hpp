@@ -1,4 +1,4 @@
-// tileattn/ops/flex_scores.hpp: the score modifiers of flexible attention: the built-in
+// tileattn/flex/scores.hpp: the score modifiers of flexible attention: the built-in
 // options (ops/score_mods.hpp) joined by a user score_mod and mask_mod, compiled into the
 // kernels' score step, and the block mask that lets the key loops skip empty tiles.
 //
@@ -8,6 +8,10 @@
 // blocks hide every score, full ones none, partial ones ask the mask_mod per score. The
 // kernels see the same interface as ScoreModifiers (window, apply, to_log2, skips,
 // has_slope), so the forward and backward loops are the same code for both.
+//
+// It lives in flex/, above ops/ (it builds on ops/score_mods.hpp and flex's functors), and
+// keeps the namespace of the score sources the kernels take: ops::FlexScores beside
+// ops::BuiltinScores.
 #pragma once
 
 #include <algorithm>
