@@ -78,8 +78,9 @@ namespace with_bf16 = avx512;
 
 /// The same for the functions AVX-512 BF16 leaves unchanged (all but the pair gemm and the
 /// exponential that may write pairs): both AVX-512 levels call avx512_no_bf16's, the same
-/// source compiled without BF16, so the heavy gemm templates are instantiated once, not
-/// twice (it cut the dispatched forward TU's compile time by a fifth).
+/// source compiled without BF16 (so it runs on every AVX-512 CPU, and gives the bits the
+/// BF16 copy would), and the heavy gemm templates are instantiated once, not twice (it cut
+/// the dispatched forward TU's compile time by a fifth).
 #define TILEATTN_DISPATCH_BF16_FREE(...)                                                \
   switch (::tileattn::arch::dispatched_isa()) {                                         \
     case ::tileattn::arch::Isa::avx512_bf16:                                            \
@@ -99,7 +100,7 @@ inline const char* name() {
 }
 
 /// Whether bf16 tiles are multiplied as bf16 pairs: a run-time answer here, where the fixed
-/// sets give a constant (kernels choose the operand layout by it: kernels/forward.hpp).
+/// sets give a constant (kernels choose the operand layout by it: kernels/operands.hpp).
 inline bool bf16_dot_product() { return dispatched_isa() == Isa::avx512_bf16 && with_bf16::bf16_dot_product; }
 
 template <bool Accumulate, bool TransA = false, class E>
