@@ -494,6 +494,11 @@ inline void to_float(const fp8_e4m3* src, float* dst, index_t n) { generic::to_f
 inline void to_float(const fp8_e5m2* src, float* dst, index_t n) { generic::to_float(src, dst, n); }
 #endif
 
+/// generic::add_alibi_bias compiled for this target (FMA).
+inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
+  for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));
+}
+
 // bf16 pair operands are never used with AVX2 (bf16_dot_product is false); generic's
 // versions keep the interface the same as every arch's.
 template <bool Accumulate, bool TransA = false>

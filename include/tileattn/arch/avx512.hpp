@@ -936,6 +936,11 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
   });
 }
 
+/// generic::add_alibi_bias compiled for this target (FMA).
+inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
+  for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));
+}
+
 #if !TILEATTN_AVX512_HAS_BF16
 /// Without AVX-512 BF16 the kernels never multiply bf16 pairs; this keeps the interface whole.
 template <bool Accumulate, bool TransA = false>

@@ -4,7 +4,7 @@
 // Every arch namespace provides the same functions with the same contracts, so ops/ and
 // memory/ can call `arch::native::` without knowing which one it got: gemm, gemm_nt_rows,
 // gemm_rows (K and V rows read in place), row_max,
-// exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2,
+// exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2, add_alibi_bias,
 // transpose, the 16-bit conversions to_float / from_float, the 8-bit (fp8_e4m3, fp8_e5m2,
 // int8: core/quantized_types.hpp) to_float (and, for bf16 pair tiles,
 // interleave_pairs, interleave_rounded, round_to_pairs). An arch whose gemm also
@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "tileattn/core/half_types.hpp"
@@ -252,6 +253,13 @@ inline bool all_finite(const std::int8_t* x, index_t n) {
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0.
 inline float exp2(float x) { return std::exp2(x); }
+
+/// x[j] += slope * |diagonal - j| for j < n: ALiBi's linear bias on a row of scores (the
+/// column of distance 0 at `diagonal`). Scalar in every set, but compiled for the set's
+/// target, so the multiply-add is fused where that target fuses it (as a -march build does).
+inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
+  for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));
+}
 
 /// dst[c * ldd + r] = src[r * lds + c] for a rows x cols block (keys into K^T).
 inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst,

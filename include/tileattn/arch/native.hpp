@@ -139,6 +139,9 @@ bool all_finite(const E* x, index_t n) {
 }
 inline void scale(float* x, index_t n, float factor) { TILEATTN_DISPATCH_BF16_FREE(scale(x, n, factor)); }
 inline float exp2(float x) { TILEATTN_DISPATCH_BF16_FREE(exp2(x)); }
+inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
+  TILEATTN_DISPATCH_BF16_FREE(add_alibi_bias(x, n, slope, diagonal));
+}
 inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst, index_t ldd) {
   TILEATTN_DISPATCH_BF16_FREE(transpose(rows, cols, src, lds, dst, ldd));
 }
