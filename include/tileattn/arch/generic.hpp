@@ -4,7 +4,7 @@
 // Every arch namespace provides the same functions with the same contracts, so ops/ and
 // memory/ can call `arch::native::` without knowing which one it got: gemm, gemm_nt_rows,
 // gemm_rows (K and V rows read in place), row_max,
-// exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2, add_alibi_bias,
+// exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2, mul_add, add_alibi_bias,
 // transpose, the 16-bit conversions to_float / from_float, the 8-bit (fp8_e4m3, fp8_e5m2,
 // int8: core/quantized_types.hpp) to_float (and, for bf16 pair tiles,
 // interleave_pairs, interleave_rounded, round_to_pairs). An arch whose gemm also
@@ -253,6 +253,11 @@ inline bool all_finite(const std::int8_t* x, index_t n) {
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0.
 inline float exp2(float x) { return std::exp2(x); }
+
+/// a * b + c as this set's target computes it: one fused multiply-add where the target has
+/// FMA (GCC and Clang contract it so), two roundings where not. ops/ takes its scalar
+/// row-statistic updates from here, so a dispatched build fuses them as a -march build does.
+inline float mul_add(float a, float b, float c) { return a * b + c; }
 
 /// x[j] += slope * |diagonal - j| for j < n: ALiBi's linear bias on a row of scores (the
 /// column of distance 0 at `diagonal`). Scalar in every set, but compiled for the set's

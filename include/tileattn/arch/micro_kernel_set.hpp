@@ -70,6 +70,7 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
   { S::exp2_shift_sum(f, n, x, x) } -> std::same_as<float>;
   S::scale(f, n, x);
   { S::exp2(x) } -> std::same_as<float>;
+  { S::mul_add(x, x, x) } -> std::same_as<float>;
   S::add_alibi_bias(f, n, x, n);
   { S::all_finite(cf, n) } -> std::same_as<bool>;
   { S::all_finite(cp, n) } -> std::same_as<bool>;
@@ -117,6 +118,7 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
     TILEATTN_SET_FORWARD(ns, exp2_shift_sum)                                                      \
     TILEATTN_SET_FORWARD(ns, scale)                                                               \
     TILEATTN_SET_FORWARD(ns, exp2)                                                                \
+    TILEATTN_SET_FORWARD(ns, mul_add)                                                             \
     TILEATTN_SET_FORWARD(ns, add_alibi_bias)                                                      \
     TILEATTN_SET_FORWARD(ns, all_finite)                                                          \
     TILEATTN_SET_FORWARD(ns, transpose)                                                           \

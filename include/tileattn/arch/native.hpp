@@ -139,6 +139,7 @@ bool all_finite(const E* x, index_t n) {
 }
 inline void scale(float* x, index_t n, float factor) { TILEATTN_DISPATCH_BF16_FREE(scale(x, n, factor)); }
 inline float exp2(float x) { TILEATTN_DISPATCH_BF16_FREE(exp2(x)); }
+inline float mul_add(float a, float b, float c) { TILEATTN_DISPATCH_BF16_FREE(mul_add(a, b, c)); }
 inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
   TILEATTN_DISPATCH_BF16_FREE(add_alibi_bias(x, n, slope, diagonal));
 }
