@@ -10,9 +10,8 @@ namespace {
 template <class T>
 void run(const void* q, const void* k, const void* v, void* o, float* lse, const DispatchCase& c) {
   using namespace tileattn;
-  ForwardOptions opts;
-  opts.causal = c.causal != 0;
-  opts.execution = {Backend::serial, 1};
+  std::vector<float> storage;
+  const ForwardOptions opts = dispatch_options(c, storage);
   forward(make_bshd<const T>(static_cast<const T*>(q), c.batch, c.seqlen_q, c.heads_q, c.head_dim),
           make_bshd<const T>(static_cast<const T*>(k), c.batch, c.seqlen_k, c.heads_kv, c.head_dim),
           make_bshd<const T>(static_cast<const T*>(v), c.batch, c.seqlen_k, c.heads_kv, c.head_dim),
