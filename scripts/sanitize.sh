@@ -5,7 +5,8 @@
 #      the kernels the suites test, and building them again under ASan took minutes of CI)
 #      nor four numerical sweeps (the docs' error-figure printers, the accuracy-ratio sweep,
 #      the every-feature combination, the 1023 x 1024 backward: 2.8 of ASan's 6.6 minutes of
-#      tests), which the Release run keeps; with MPI, ring attention's suite on 2 ranks and
+#      tests), which the Release run keeps, nor the compile-time checks (the compile_fail
+#      cases and the layer check run no tileattn code); with MPI, ring attention's suite on 2 ranks and
 #      on 3 with its progress thread (leak checks off there: Open MPI's own allocations);
 #   2. the suites that run the kernels on several threads under ThreadSanitizer (clang with
 #      LLVM's libomp and its Archer tool, so OpenMP's synchronisation is visible). Built
@@ -44,7 +45,7 @@ run_asan() {
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   TILEATTN_DETERMINISM_REPEATS=10 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE package \
-      -E "PrintsErrorFiguresForDocs|FlashAttentionRuleAndErrorRatios|LargeCombinations|BackwardLarge"
+      -E "PrintsErrorFiguresForDocs|FlashAttentionRuleAndErrorRatios|LargeCombinations|BackwardLarge|compile_fail|^layers\."
 }
 
 run_tsan() {
@@ -68,8 +69,12 @@ run_tsan() {
 
 run_fuzz() {
   echo "== libFuzzer harnesses (clang, ASan + UBSan)"
-  cmake -S . -B build-fuzz "${common[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+  # The harnesses link the kernels compiled once (tileattn::instantiations) with the same
+  # sanitizers and libFuzzer's coverage instrumentation (fuzzer-no-link), so the fuzzer sees
+  # and checks the kernels as it did when each harness compiled its own copy.
+  cmake -S . -B build-fuzz "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_BUILD_FUZZERS=ON \
+    -DCMAKE_CXX_FLAGS="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=all -fsanitize=fuzzer-no-link" \
     -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-12000}"
   cmake --build build-fuzz -j"$jobs" --target fuzzers
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -307,8 +307,9 @@ template <class Q, class K, class V, class O, class DO, class DQ, class DK, clas
 void backward(const BackwardPlan& plan, const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
               const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq,
               const TensorView<DK>& dk, const TensorView<DV>& dv, const BackwardOptions& options = {}) {
-  detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
-  detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true, &plan);
+  if constexpr (detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>()) {
+    detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true, &plan);
+  }
 }
 
 /// The plan backward(plan, q, k, v, ...) reuses: made from the views' shapes and the

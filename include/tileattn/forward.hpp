@@ -291,8 +291,9 @@ void forward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>
 template <class Q, class K, class V, class O>
 void forward(const ForwardPlan& plan, const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
              const TensorView<O>& o, LseView lse, const ForwardOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options, &plan);
+  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+    detail::forward<O, std::remove_const_t<K>>(q, k, v, o, lse, options, &plan);
+  }
 }
 
 /// forward(plan, ...) without the log-sum-exp output.

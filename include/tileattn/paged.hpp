@@ -217,10 +217,12 @@ template <class Q, class K, class V, class O>
 void forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
                    BlockTableView block_table, std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o,
                    LseView lse, const PagedOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
-                                                                  o, lse, options);
-  detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
+  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                    o, lse, options);
+    const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+    detail::run_paged(call.params, plan, options);
+  }
 }
 
 /// The same with a plan from plan_forward_paged (checked against the call).
@@ -229,10 +231,11 @@ void forward_paged(const PagedPlan& plan, const TensorView<Q>& q, const TensorVi
                    const TensorView<V>& v_cache, BlockTableView block_table,
                    std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o, LseView lse,
                    const PagedOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
-                                                                  o, lse, options);
-  detail::run_paged(call.params, plan, options);
+  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                    o, lse, options);
+    detail::run_paged(call.params, plan, options);
+  }
 }
 
 /// forward_paged() without the log-sum-exp output.
@@ -269,10 +272,12 @@ void forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, 
                           BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                           const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
                           const PagedOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
-                                                                         cache_seqlens, o, lse, options);
-  detail::run_paged(call.params, detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options), options);
+  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
+                                                                           cache_seqlens, o, lse, options);
+    const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+    detail::run_paged(call.params, plan, options);
+  }
 }
 
 /// The plan forward_paged_varlen makes for this batch, for reuse across calls (layers).
@@ -293,10 +298,11 @@ void forward_paged_varlen(const PagedPlan& plan, const PackedView<Q>& q, const T
                           const TensorView<V>& v_cache, BlockTableView block_table,
                           std::span<const std::int32_t> cache_seqlens, const PackedView<O>& o, PackedLseView lse,
                           std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
-  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
-                                                                         cache_seqlens, o, lse, options);
-  detail::run_paged(call.params, plan, options);
+  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
+                                                                           cache_seqlens, o, lse, options);
+    detail::run_paged(call.params, plan, options);
+  }
 }
 
 }  // namespace tileattn

@@ -53,7 +53,7 @@ void run_every_entry_point() {
   const StridedView<const T, 3> rows{x.data(), {seqlen, 1, head_dim}, {head_dim, head_dim, 1}};
   cache.write(0, ids[0], rows, rows);
   const auto tables = cache.batch(ids);
-  forward_paged<T>(in, cache.k_pages(0), cache.v_pages(0), tables.block_table_view(), tables.seqlens(), out);
+  forward_paged(in, cache.k_pages(0), cache.v_pages(0), tables.block_table_view(), tables.seqlens(), out);
   EXPECT_TRUE(all_finite(o));
 }
 

@@ -214,7 +214,7 @@ void expect_working_set_equals_carve() {
           plan.heads_per_tile = heads;
           const std::size_t bytes = forward_working_set_bytes(rows * heads, bc, d, dv, operands);
           ScratchArena arena(bytes);
-          const auto tiles = kernels::ForwardTiles<Op>::carve(arena, plan, d, dv);
+          const auto tiles = kernels::ForwardTiles<Op>::carve(arena, plan.packed_rows(), bc, d, dv);
           EXPECT_EQ(arena.used(), bytes) << "rows " << rows << ", heads " << heads << ", bc " << bc;
           EXPECT_EQ(tiles.q.capacity_rows(), rows * heads);
           EXPECT_EQ(tiles.s.capacity_cols(), bc);
@@ -223,7 +223,7 @@ void expect_working_set_equals_carve() {
           EXPECT_EQ(tiles.o.capacity_cols(), dv);
           // The exact budget suffices; one line less does not.
           ScratchArena tight(bytes - cache_line_bytes);
-          EXPECT_THROW(kernels::ForwardTiles<Op>::carve(tight, plan, d, dv), budget_error);
+          EXPECT_THROW(kernels::ForwardTiles<Op>::carve(tight, plan.packed_rows(), bc, d, dv), budget_error);
         }
 }
 
@@ -246,7 +246,7 @@ void expect_planned_tiles_fit() {
       shape.operands = operands;
       const TilePlan plan = plan_one_worker(shape, budget);
       ScratchArena arena(budget);
-      kernels::ForwardTiles<Op>::carve(arena, plan, d, d);
+      kernels::ForwardTiles<Op>::carve(arena, plan.packed_rows(), plan.key_tile_rows, d, d);
       EXPECT_EQ(arena.used(), plan.working_set_bytes);
       EXPECT_LE(arena.high_water(), budget);
     }

@@ -17,7 +17,6 @@
 #include <cmath>
 #include <numbers>
 #include <span>
-#include <type_traits>
 #include <vector>
 
 #include "tileattn/backend/parallel_for.hpp"
@@ -26,6 +25,7 @@
 #include "tileattn/kernels/backward_plan.hpp"
 #include "tileattn/kernels/backward_work_list.hpp"
 #include "tileattn/kernels/operands.hpp"
+#include "tileattn/kernels/tile_lists.hpp"
 #include "tileattn/memory/io_counter.hpp"
 #include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
@@ -37,78 +37,6 @@
 #include "tileattn/ops/softmax_grad.hpp"
 
 namespace tileattn::kernels {
-
-/// Everything one backward work item keeps in SRAM. Footprint: backward_working_set_bytes.
-/// Op is float or bf16x2 (tile_operand_t); S, dP, dS and the dK, dV accumulators are float.
-/// A float tile serves as every operand, P and dS also as the transposed A operands of P^T dO
-/// and dS^T Q (the micro-kernels read A by columns: no transposed copy). With bf16 pairs,
-/// tiles summed over their rows in a product are held a second time with pairs of rows
-/// (k_rows, q_rows, dout_rows), and P and dS are rounded to pairs before their products, as
-/// on GPUs (ops/operand_layout.hpp).
-template <class Op>
-struct BackwardTiles {
-  static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
-  Tile<Op> k;          // (Bc, d) keys
-  Tile<Op> k_t;        // (d, Bc) keys, transposed: S = Q K^T
-  Tile<Op> k_rows;     // (Bc, d) keys, pairs of rows: dQ += dS K (pairs only)
-  Tile<Op> v;          // (Bc, dv) values: staging for v_t (pairs only)
-  Tile<Op> v_t;        // (dv, Bc) values, transposed: dP = dO V^T
-  Tile<float> dk, dv;  // (Bc, d), (Bc, dv) accumulators
-  Tile<Op> q, q_rows;        // (Br, d): S = Q K^T; pairs of rows: dK += dS^T Q (pairs only)
-  Tile<Op> dout, dout_rows;  // (Br, dv): dP = dO V^T; pairs of rows: dV += P^T dO (pairs only)
-  Tile<float> s;       // (Br, Bc) scores, then P
-  Tile<float> ds;      // (Br, Bc) dP, then dS
-  Tile<Op> p_op;       // (Br, Bc) P, then dS, rows paired: the transposed A operand (pairs only)
-  Tile<Op> ds_op;      // (Br, Bc) dS as an operand (pairs only)
-  Tile<float> slope;   // (Br, Bc) the modified score's derivative (softcap or a score_mod only)
-  TileVector<float> lse2, lse2_low, delta;  // (Br) P's shift in log2 units (two parts: load_shift), D
-
-  static BackwardTiles carve(ScratchArena& arena, const BackwardTilePlan& plan, index_t d, index_t dv, bool slope) {
-    const index_t br = plan.query_tile_rows, bc = plan.key_tile_rows;
-    const auto cols = [](index_t n) { return operand_cols<Op>(n); };
-    BackwardTiles t;
-    t.dk = carve_tile<float>(arena, bc, d);
-    t.dv = carve_tile<float>(arena, bc, dv);
-    t.s = carve_tile<float>(arena, br, bc);
-    t.ds = carve_tile<float>(arena, br, bc);
-    if (slope) t.slope = carve_tile<float>(arena, br, bc);
-    t.lse2 = carve_tile_vector<float>(arena, br);
-    t.lse2_low = carve_tile_vector<float>(arena, br);
-    t.delta = carve_tile_vector<float>(arena, br);
-    t.k = carve_tile<Op>(arena, bc, cols(d));
-    t.k_t = carve_tile<Op>(arena, cols(d), bc);
-    if constexpr (pairs) {
-      t.k_rows = carve_tile<Op>(arena, cols(bc), d);
-      t.v = carve_tile<Op>(arena, bc, cols(dv));
-    }
-    t.v_t = carve_tile<Op>(arena, cols(dv), bc);
-    t.q = carve_tile<Op>(arena, br, cols(d));
-    t.dout = carve_tile<Op>(arena, br, cols(dv));
-    if constexpr (pairs) {
-      t.q_rows = carve_tile<Op>(arena, cols(br), d);
-      t.dout_rows = carve_tile<Op>(arena, cols(br), dv);
-      t.p_op = carve_tile<Op>(arena, cols(br), bc);
-      t.ds_op = carve_tile<Op>(arena, br, cols(bc));
-    }
-    return t;
-  }
-
-  /// The B operands of the products summed over rows: the tile itself, or its paired rows.
-  const Tile<Op>& queries_as_rows() const { return pairs ? q_rows : q; }
-  const Tile<Op>& dout_as_rows() const { return pairs ? dout_rows : dout; }
-
-  /// The resident key tiles narrowed to keys [k0, k0 + c) of the key tile (k0 even, so
-  /// that pairs of key rows stay whole): a query tile computes only the keys it sees.
-  struct KeySpan {
-    Tile<Op> k_t, v_t, k_rows;
-    Tile<float> dk, dv;
-  };
-  KeySpan keys(index_t k0, index_t c) const {
-    return {k_t.slice_cols(k0, c), v_t.slice_cols(k0, c),
-            pairs ? k_rows.slice_rows(k0 / 2, (c + 1) / 2) : k.slice_rows(k0, c), dk.slice_rows(k0, c),
-            dv.slice_rows(k0, c)};
-  }
-};
 
 /// The forward's final row statistics, [view batch, heads, seqlen] like the saved LSE: each
 /// row's max score in log2 units and its sum of 2^(score - max), sinks folded in
@@ -148,14 +76,11 @@ void backward_preprocess_tile(const BackwardParams<T>& p, const BackwardTilePlan
                               index_t b, index_t head, index_t tile, Io& io) {
   const SequenceRange seq = p.sequence(b);
   const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
-  ScratchArena& arena = worker_scratch(plan.working_set_bytes);
-  Tile<float> o = carve_tile<float>(arena, n, p.head_dim_v());
-  Tile<float> dout = carve_tile<float>(arena, n, p.head_dim_v());
-  load_rows(o, sequence_matrix(p.out, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
-  load_rows(dout, sequence_matrix(p.dout, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
-  TileVector<float> d = carve_tile_vector<float>(arena, n);
-  ops::row_dots(dout, o, d.data());
-  store_vector(&st.delta_view(seq.view_batch, head, seq.q_start + r0), 1, d.data(), n, io);
+  auto t = BackwardPreprocessTiles::carve(worker_scratch(plan.working_set_bytes), n, p.head_dim_v());
+  load_rows(t.o, sequence_matrix(p.out, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
+  load_rows(t.dout, sequence_matrix(p.dout, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
+  ops::row_dots(t.dout, t.o, t.delta.data());
+  store_vector(&st.delta_view(seq.view_batch, head, seq.q_start + r0), 1, t.delta.data(), n, io);
 }
 
 /// dbias[..., rows, keys] += dS (natural units) for one query head: the bias's broadcast
@@ -422,8 +347,9 @@ IoCounts run_backward(const BackwardParams<T>& p, const BackwardTilePlan& plan, 
       parallel_for_in_order(exec, work.size(), [&](index_t item, int worker) {
         try {
           with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
-            auto t = BackwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(),
-                                              p.head_dim_v(), scores.has_slope(p.softcap));
+            auto t = BackwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.query_tile_rows,
+                                              plan.key_tile_rows, p.head_dim(), p.head_dim_v(),
+                                              scores.has_slope(p.softcap));
             backward_key_block(p, plan, work[item], st, t, scores, io[static_cast<std::size_t>(worker)]);
           });
         } catch (...) {

@@ -67,25 +67,15 @@ struct BackwardShape {
 /// columns for one product, pairs of rows for another), V once more as rows, and P / dS
 /// once more with rows paired and dS with columns paired, each in 2 bytes per value.
 /// The preprocessing (O and dO tiles of br rows, and D) and the epilogue (a dQ tile) carve
-/// from the same scratch, so the working set covers them too.
+/// from the same scratch, so the working set covers them too. Counted from the kernels' own
+/// tile lists (kernels::BackwardTiles, kernels::BackwardPreprocessTiles).
 constexpr std::size_t backward_working_set_bytes(index_t br, index_t bc, index_t d, index_t dv,
                                                  bool softcap = false,
                                                  TileOperands operands = TileOperands::fp32) {
-  using F = Tile<float>;
-  using P = Tile<bf16x2>;
-  const auto half = [](index_t n) { return (n + 1) / 2; };
-  std::size_t main = F::footprint(bc, d) + F::footprint(bc, dv) + (softcap ? 3 : 2) * F::footprint(br, bc) +
-                     3 * TileVector<float>::footprint(br);  // dK, dV, S, dS, (slope); P's shift (2), D
-  if (operands == TileOperands::bf16_pairs) {
-    main += P::footprint(bc, half(d)) + P::footprint(half(d), bc) + P::footprint(half(bc), d) +     // K, K^T, K rows
-            P::footprint(bc, half(dv)) + P::footprint(half(dv), bc) +                               // V, V^T
-            P::footprint(br, half(d)) + P::footprint(half(br), d) + P::footprint(br, half(dv)) +    // Q, Q rows, dO
-            P::footprint(half(br), dv) + P::footprint(half(br), bc) + P::footprint(br, half(bc));   // dO rows, P/dS rows, dS
-  } else {
-    main += F::footprint(bc, d) + F::footprint(d, bc) + F::footprint(dv, bc) + F::footprint(br, d) +
-            F::footprint(br, dv);  // K, K^T, V^T, Q, dO
-  }
-  const std::size_t preprocess = 2 * F::footprint(br, dv) + TileVector<float>::footprint(br);
+  const std::size_t main = operands == TileOperands::bf16_pairs
+                               ? kernels::BackwardTiles<bf16x2>::footprint(br, bc, d, dv, softcap)
+                               : kernels::BackwardTiles<float>::footprint(br, bc, d, dv, softcap);
+  const std::size_t preprocess = kernels::BackwardPreprocessTiles::footprint(br, dv);
   return main > preprocess ? main : preprocess;
 }
 

@@ -25,6 +25,7 @@
 #include "tileattn/kernels/kv_source.hpp"
 #include "tileattn/kernels/merge.hpp"
 #include "tileattn/kernels/operands.hpp"
+#include "tileattn/kernels/tile_lists.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/kernels/work_list.hpp"
 #include "tileattn/memory/io_counter.hpp"
@@ -54,35 +55,6 @@ bool reads_kv_in_place(const ForwardParams<T, KV>& p, const SequenceRange& seq) 
          seq.q_len * p.group_size() <= in_place_max_rows;
 }
 
-/// Everything one forward work item keeps in SRAM. Footprint: forward_working_set_bytes.
-/// Op is float or bf16x2 (tile_operand_t); S and O accumulate in float either way.
-template <class Op>
-struct ForwardTiles {
-  static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
-  Tile<Op> q;             // (Br, d) packed queries
-  Tile<Op> k_t;           // (d, Bc) keys, transposed
-  Tile<Op> v;             // (Bc, dv) values
-  Tile<float> s;          // (Br, Bc) scores, then probabilities
-  Tile<Op> p;             // (Br, Bc) probabilities rounded for P V (bf16 pairs only)
-  Tile<float> o;          // (Br, dv) output accumulator
-  ops::RowStats stats;    // (Br) running max and sum
-  TileVector<float> lse;  // (Br)
-
-  static ForwardTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
-    const index_t br = plan.packed_rows(), bc = plan.key_tile_rows;
-    ForwardTiles t;
-    t.q = carve_tile<Op>(arena, br, operand_cols<Op>(d));
-    t.k_t = carve_tile<Op>(arena, operand_cols<Op>(d), bc);
-    t.v = carve_tile<Op>(arena, operand_cols<Op>(bc), dv);
-    t.s = carve_tile<float>(arena, br, bc);
-    if constexpr (pairs) t.p = carve_tile<Op>(arena, br, operand_cols<Op>(bc));
-    t.o = carve_tile<float>(arena, br, dv);
-    t.stats = ops::RowStats::carve(arena, br);
-    t.lse = carve_tile_vector<float>(arena, br);
-    return t;
-  }
-};
-
 /// What a work item that reads K and V in place keeps in SRAM: float Q, S, O and the row
 /// statistics as ForwardTiles, and instead of K^T and V tiles the addresses of the key and
 /// value rows of the key tile (storage type T, converted in registers by the products).
@@ -94,23 +66,24 @@ struct InPlaceTiles {
   TileVector<float> lse;
   RowRefs<T> k_rows, v_rows;
 
+  /// The scratch pieces, in carving order: footprint() counts them and carve() carves them.
+  template <class Piece>
+  constexpr void pieces(Piece& piece, index_t br, index_t bc, index_t d, index_t dv) {
+    piece(q, br, d);   // (Br, d)
+    piece(s, br, bc);  // (Br, Bc)
+    piece(o, br, dv);  // (Br, dv)
+    stats.pieces(piece, br);
+    piece(lse, br);
+    piece(k_rows, bc);
+    piece(v_rows, bc);
+  }
   static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv) {
-    return Tile<float>::footprint(br, d) + Tile<float>::footprint(br, bc) + Tile<float>::footprint(br, dv) +
-           3 * TileVector<float>::footprint(br) + 2 * RowRefs<T>::footprint(bc);
+    return pieces_bytes<InPlaceTiles>(br, bc, d, dv);
   }
   /// Rows of a work item that reads in place: at most in_place_max_rows.
   static index_t rows(const TilePlan& plan) { return std::min(plan.packed_rows(), in_place_max_rows); }
   static InPlaceTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
-    const index_t br = rows(plan), bc = plan.key_tile_rows;
-    InPlaceTiles t;
-    t.q = carve_tile<float>(arena, br, d);
-    t.s = carve_tile<float>(arena, br, bc);
-    t.o = carve_tile<float>(arena, br, dv);
-    t.stats = ops::RowStats::carve(arena, br);
-    t.lse = carve_tile_vector<float>(arena, br);
-    t.k_rows = carve_row_refs<T>(arena, bc);
-    t.v_rows = carve_row_refs<T>(arena, bc);
-    return t;
+    return carve_pieces<InPlaceTiles>(arena, rows(plan), plan.key_tile_rows, d, dv);
   }
 };
 
@@ -527,8 +500,8 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
       forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
     } else {
       with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
-        auto tiles =
-            ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan, p.head_dim(), p.head_dim_v());
+        auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
+                                             plan.key_tile_rows, p.head_dim(), p.head_dim_v());
         forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
       });
     }

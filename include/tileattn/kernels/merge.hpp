@@ -60,14 +60,18 @@ struct MergeTiles {
   ops::RowStats stats, state_stats;
   TileVector<float> lse;
 
-  static constexpr std::size_t footprint(index_t rows, index_t dv) {
-    return 2 * Tile<float>::footprint(rows, dv) + 2 * ops::RowStats::footprint(rows) +
-           TileVector<float>::footprint(rows);
+  /// The scratch pieces, in carving order: footprint() counts them and carve() carves them.
+  template <class Piece>
+  constexpr void pieces(Piece& piece, index_t rows, index_t dv) {
+    piece(acc, rows, dv);    // (rows, dv)
+    piece(state, rows, dv);  // (rows, dv)
+    stats.pieces(piece, rows);
+    state_stats.pieces(piece, rows);
+    piece(lse, rows);
   }
+  static constexpr std::size_t footprint(index_t rows, index_t dv) { return pieces_bytes<MergeTiles>(rows, dv); }
   static MergeTiles carve(ScratchArena& arena, index_t rows, index_t dv) {
-    return {carve_tile<float>(arena, rows, dv), carve_tile<float>(arena, rows, dv),
-            ops::RowStats::carve(arena, rows), ops::RowStats::carve(arena, rows),
-            carve_tile_vector<float>(arena, rows)};
+    return carve_pieces<MergeTiles>(arena, rows, dv);
   }
 };
 

@@ -1,7 +1,7 @@
 // tileattn/kernels/operands.hpp: what the forward and backward loops share about their
 // operands: the SRAM operand type of a storage type (tile_operand_t: float, or bf16 pairs;
-// with_tile_operand where the micro-kernels are chosen at run time),
-// the operand columns that hold n values, and the matrix of one head of one sequence that
+// with_tile_operand where the micro-kernels are chosen at run time) and the matrix of one
+// head of one sequence that
 // their tiles load from and store to (sequence_matrix).
 #pragma once
 
@@ -48,12 +48,6 @@ decltype(auto) with_tile_operand(F&& f) {
 template <class T>
 TileOperands tile_operands_for() {
   return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_v<Op>; });
-}
-
-/// Operand columns that hold n values (pairs hold two).
-template <class Op>
-constexpr index_t operand_cols(index_t n) {
-  return std::is_same_v<Op, bf16x2> ? (n + 1) / 2 : n;
 }
 
 /// The [len, head_dim] matrix of one head of one sequence.

@@ -32,6 +32,7 @@
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/kernels/tile_lists.hpp"
 
 namespace tileattn {
 
@@ -81,21 +82,14 @@ inline constexpr index_t min_split_rows = 64;     // splitting for parallelism s
 /// Bytes the forward kernel carves for br packed query rows and bc keys: Q (br x d),
 /// O (br x dv), K^T (d x bc), V (bc x dv), S (br x bc), and three per-row vectors (max,
 /// sum, lse); with bf16 pair operands Q, K^T and V take half the bytes (pairs along d for
-/// Q and K^T, along keys for V) and P adds a bf16 copy of S (br x bc).
+/// Q and K^T, along keys for V) and P adds a bf16 copy of S (br x bc). Counted from the
+/// kernel's own tile list (kernels::ForwardTiles).
 constexpr std::size_t forward_working_set_bytes(index_t br, index_t bc, index_t head_dim,
                                                 index_t head_dim_v,
                                                 TileOperands operands = TileOperands::fp32) {
-  using FloatTile = Tile<float>;
-  const std::size_t accumulators = FloatTile::footprint(br, head_dim_v) + FloatTile::footprint(br, bc) +
-                                   3 * TileVector<float>::footprint(br);
-  if (operands == TileOperands::bf16_pairs) {
-    using PairTile = Tile<bf16x2>;
-    const index_t d_pairs = (head_dim + 1) / 2, bc_pairs = (bc + 1) / 2;
-    return accumulators + PairTile::footprint(br, d_pairs) + PairTile::footprint(d_pairs, bc) +
-           PairTile::footprint(bc_pairs, head_dim_v) + PairTile::footprint(br, bc_pairs);
-  }
-  return accumulators + FloatTile::footprint(br, head_dim) + FloatTile::footprint(head_dim, bc) +
-         FloatTile::footprint(bc, head_dim_v);
+  return operands == TileOperands::bf16_pairs
+             ? kernels::ForwardTiles<bf16x2>::footprint(br, bc, head_dim, head_dim_v)
+             : kernels::ForwardTiles<float>::footprint(br, bc, head_dim, head_dim_v);
 }
 
 /// The same with V and O as wide as Q and K.

@@ -1,5 +1,6 @@
 // tileattn/memory/scratch_arena.hpp: one worker's SRAM: a byte budget that every tile is carved from,
-// and the carving of tiles, row references and tile vectors out of it.
+// and the carving of tiles, row references and tile vectors out of it, one by one or as a
+// kernel's whole tile list.
 #pragma once
 
 #include <cassert>
@@ -102,6 +103,48 @@ RowRefs<T> carve_row_refs(ScratchArena& arena, index_t capacity) {
 template <class T>
 TileVector<T> carve_tile_vector(ScratchArena& arena, index_t size) {
   return TileVector<T>::wrap(arena.carve<T>(static_cast<std::size_t>(size)), size);
+}
+
+/// A kernel's scratch tiles are listed once, in a member `pieces(piece, dims...)` that calls
+/// piece(tile, rows, cols), piece(vector, size) or piece(row_refs, capacity) for each, in
+/// carving order. PieceBytes walks that list to count the bytes the planner budgets,
+/// PieceCarver to carve the pieces, so that the byte count and the carve cannot disagree.
+struct PieceBytes {
+  std::size_t bytes = 0;
+  template <class T>
+  constexpr void operator()(const Tile<T>&, index_t rows, index_t cols) { bytes += Tile<T>::footprint(rows, cols); }
+  template <class T>
+  constexpr void operator()(const TileVector<T>&, index_t size) { bytes += TileVector<T>::footprint(size); }
+  template <class T>
+  constexpr void operator()(const RowRefs<T>&, index_t capacity) { bytes += RowRefs<T>::footprint(capacity); }
+};
+
+struct PieceCarver {
+  ScratchArena& arena;
+  template <class T>
+  void operator()(Tile<T>& t, index_t rows, index_t cols) { t = carve_tile<T>(arena, rows, cols); }
+  template <class T>
+  void operator()(TileVector<T>& v, index_t size) { v = carve_tile_vector<T>(arena, size); }
+  template <class T>
+  void operator()(RowRefs<T>& r, index_t capacity) { r = carve_row_refs<T>(arena, capacity); }
+};
+
+/// The bytes the pieces of Tiles take for `dims` (the arguments of Tiles::pieces after the visitor).
+template <class Tiles, class... Dims>
+constexpr std::size_t pieces_bytes(Dims... dims) {
+  Tiles t;
+  PieceBytes count;
+  t.pieces(count, dims...);
+  return count.bytes;
+}
+
+/// Tiles carved from `arena` for `dims`, piece by piece in the order Tiles::pieces lists them.
+template <class Tiles, class... Dims>
+Tiles carve_pieces(ScratchArena& arena, Dims... dims) {
+  Tiles t;
+  PieceCarver carver{arena};
+  t.pieces(carver, dims...);
+  return t;
 }
 
 }  // namespace tileattn

@@ -36,12 +36,14 @@ struct RowStats {
   TileVector<float> max;
   TileVector<float> sum;
 
-  static constexpr std::size_t footprint(index_t rows) {
-    return 2 * TileVector<float>::footprint(rows);
+  /// The scratch pieces, in carving order (memory/scratch_arena.hpp, PieceBytes).
+  template <class Piece>
+  constexpr void pieces(Piece& piece, index_t rows) {
+    piece(max, rows);
+    piece(sum, rows);
   }
-  static RowStats carve(ScratchArena& arena, index_t rows) {
-    return {carve_tile_vector<float>(arena, rows), carve_tile_vector<float>(arena, rows)};
-  }
+  static constexpr std::size_t footprint(index_t rows) { return pieces_bytes<RowStats>(rows); }
+  static RowStats carve(ScratchArena& arena, index_t rows) { return carve_pieces<RowStats>(arena, rows); }
   RowStats slice(index_t first, index_t count) const {
     return {max.slice(first, count), sum.slice(first, count)};
   }
