@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Recorded in the console header and the JSON "context": what the numbers were taken with.
   benchmark::AddCustomContext("tileattn_version", tileattn::version);
-  benchmark::AddCustomContext("tileattn_micro_kernels", tileattn::arch::native::name);
+  benchmark::AddCustomContext("tileattn_micro_kernels", tileattn::active_isa());
   benchmark::AddCustomContext("tileattn_sram_budget_bytes",
                               std::to_string(tileattn::per_core_cache_bytes()));
   benchmark::AddCustomContext("tileattn_workers", std::to_string(tileattn::worker_count({})));

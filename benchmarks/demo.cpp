@@ -18,6 +18,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "reference/naive_attention.hpp"
@@ -151,10 +152,8 @@ Errors max_errors(const AttentionWorkload& w, const std::vector<float>& o,
 /// What the bf16 products run on in this process: AMX tiles (checked at run time), vdpbf16ps
 /// bf16 pairs, or float tiles.
 static const char* bf16_tiles() {
-#if defined(TILEATTN_HAS_AMX_KERNELS)
-  if (tileattn::arch::amx::tiles_in_use()) return "AMX pair";
-#endif
-  return tileattn::arch::native::bf16_dot_product ? "vdpbf16ps pair" : "float";
+  if (tileattn::kernels::tile_operands_for<tileattn::bf16>() != tileattn::TileOperands::bf16_pairs) return "float";
+  return std::string_view(tileattn::active_isa()).ends_with("+amx") ? "AMX pair" : "vdpbf16ps pair";
 }
 
 int main(int argc, char** argv) {
@@ -188,7 +187,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(s.head_dim), s.causal ? "causal" : "non-causal", workers,
               workers == 1 ? "" : "s",
               tileattn::to_string(tileattn::resolve_backend(options.execution.backend)));
-  std::printf("micro-kernels: %s; ", tileattn::arch::native::name);
+  std::printf("micro-kernels: %s; ", tileattn::active_isa());  // what runs on this CPU, not what was compiled
   std::printf("tile plan: Br=%lld query rows x Bc=%lld key rows, working set %zu KiB of a %zu KiB SRAM budget\n",
               static_cast<long long>(plan.query_tile_rows), static_cast<long long>(plan.key_tile_rows),
               plan.working_set_bytes / 1024, plan.sram_budget_bytes / 1024);

@@ -80,7 +80,7 @@ void run_table(const Config& c) {
   std::printf("forward %s%sB=1 H=%ld N=%ld d=%ld %s, micro-kernels %s, %d timed runs per row\n",
               std::is_same_v<T, float> ? "" : tileattn::type_name<T>(), std::is_same_v<T, float> ? "" : " ",
               static_cast<long>(c.heads), static_cast<long>(c.seqlen),
-              static_cast<long>(c.head_dim), c.causal ? "causal" : "non-causal", tileattn::arch::native::name,
+              static_cast<long>(c.head_dim), c.causal ? "causal" : "non-causal", tileattn::active_isa(),
               c.repeats);
   for (tileattn::Backend backend : {tileattn::Backend::openmp, tileattn::Backend::tbb}) {
     if (!tileattn::backend_available(backend)) continue;

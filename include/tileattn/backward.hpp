@@ -66,7 +66,7 @@ namespace detail {
 template <class T>
 BackwardShape backward_shape(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k, bool slope) {
   return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.batch() * p.heads_kv(), slope,
-          kernels::tile_operands_v<kernels::tile_operand_t<T>>};
+          kernels::tile_operands_for<T>()};
 }
 
 template <class T>
@@ -152,7 +152,7 @@ TilePlan row_stats_plan(const BackwardParams<T>& p, index_t max_seqlen_q) {
   constexpr index_t key_tile = 64, query_tile = 64;
   const index_t positions = std::clamp<index_t>(max_seqlen_q, 1, query_tile);
   const std::size_t bytes = forward_working_set_bytes(positions, key_tile, p.head_dim(), p.head_dim_v(),
-                                                      kernels::tile_operands_v<kernels::tile_operand_t<T>>);
+                                                      kernels::tile_operands_for<T>());
   return {positions, key_tile, 1, bytes, bytes};
 }
 
@@ -319,7 +319,7 @@ BackwardPlan plan_backward(const TensorView<Q>& q, const TensorView<K>& k, const
   using T = std::remove_const_t<Q>;
   const BackwardShape shape{q.shape[dim::head_dim], v.shape[dim::head_dim], q.shape[dim::seqlen], k.shape[dim::seqlen],
                             q.shape[dim::batch] * k.shape[dim::heads], ops::BuiltinScores{}.has_slope(options.softcap),
-                            kernels::tile_operands_v<kernels::tile_operand_t<T>>};
+                            kernels::tile_operands_for<T>()};
   return BackwardPlan(detail::backward_signature(shape, options));
 }
 

@@ -84,10 +84,9 @@ namespace detail {
 template <class T, class K, class V>
 PlanShape plan_shape(const TensorView<T>& q, const TensorView<K>& k, const TensorView<V>& v,
                      index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k) {
-  using Op = kernels::tile_operand_t<std::remove_const_t<T>>;
   const index_t heads_kv = std::max<index_t>(k.shape[dim::heads], 1);
   return {q.shape[dim::head_dim], v.shape[dim::head_dim], max_seqlen_q,        max_seqlen_k,
-          q.shape[dim::heads] / heads_kv, sequences * heads_kv, kernels::tile_operands_v<Op>};
+          q.shape[dim::heads] / heads_kv, sequences * heads_kv, kernels::tile_operands_for<std::remove_const_t<T>>()};
 }
 
 /// One storage type for Q and O, one for K and V: Q's, or an 8-bit type with scales (Q/K/V

@@ -100,7 +100,7 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
              p.causal, static_cast<index_t>(p.alignment), p.diagonal_offset.has_value(),
              p.diagonal_offset.value_or(0), p.window_left, p.window_right,
              static_cast<index_t>(effective_sram_budget(options)), options.num_splits,
-             static_cast<index_t>(kernels::tile_operands_v<kernels::tile_operand_t<T>>)};
+             static_cast<index_t>(kernels::tile_operands_for<T>())};
   for (index_t b = 0; b < p.batch(); ++b) {
     const SequenceRange seq = p.sequence(b);
     s.q_lengths.push_back(static_cast<std::int32_t>(seq.q_len));
@@ -132,9 +132,8 @@ kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, 
 template <class T, class KV>
 PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
                           const PagedOptions& options) {
-  using Op = kernels::tile_operand_t<T>;
   const PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
-                        p.batch() * p.heads_kv(), kernels::tile_operands_v<Op>};
+                        p.batch() * p.heads_kv(), kernels::tile_operands_for<T>()};
   const TilePlan tiles = forward_tiles(shape, options);
   const index_t heads_per_item = kernels::in_place_heads_per_item(p, tiles);
   const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options.num_splits, heads_per_item);

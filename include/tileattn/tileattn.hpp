@@ -1,6 +1,7 @@
 // tileattn/tileattn.hpp: the umbrella header: includes the whole public API.
 #pragma once
 
+#include "tileattn/active_isa.hpp"
 #include "tileattn/autograd.hpp"
 #include "tileattn/backend/execution.hpp"
 #include "tileattn/backend/parallel_for.hpp"

@@ -13,7 +13,11 @@
 // into a contiguous buffer that stays in L1 (see arch/avx512.hpp for why).
 #pragma once
 
-#if defined(__AVX2__) && defined(__FMA__)
+#include "tileattn/arch/isa.hpp"
+
+#if (defined(__AVX2__) && defined(__FMA__)) || TILEATTN_ARCH_DISPATCH
+
+#define TILEATTN_ARCH_AVX2_COMPILED 1
 
 #include <immintrin.h>
 
@@ -26,6 +30,15 @@
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
+
+// F16C (vcvtph2ps): every AVX2 CPU has it; a dispatched build compiles it in (arch/isa.hpp).
+#if defined(__F16C__) || TILEATTN_ARCH_DISPATCH
+#define TILEATTN_AVX2_F16C 1
+#endif
+
+#if TILEATTN_ARCH_DISPATCH
+TILEATTN_TARGET_BEGIN(TILEATTN_AVX2_FEATURES)
+#endif
 
 namespace tileattn::arch::avx2 {
 
@@ -390,7 +403,7 @@ inline void to_float(const bf16* src, float* dst, index_t n) {
 
 inline void to_float(const fp16* src, float* dst, index_t n) {
   index_t j = 0;
-#if defined(__F16C__)
+#if defined(TILEATTN_AVX2_F16C)
   for (; j + 8 <= n; j += 8)
     _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
 #endif
@@ -419,7 +432,7 @@ inline void from_float(const float* src, bf16* dst, index_t n) {
 
 inline void from_float(const float* src, fp16* dst, index_t n) {
   index_t j = 0;
-#if defined(__F16C__)
+#if defined(TILEATTN_AVX2_F16C)
   for (; j + 8 <= n; j += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j),
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -437,7 +450,7 @@ inline __m256 int8_to_ps(__m128i b) {
   const __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(q, _mm256_set1_epi32(int8_nan)));
   return _mm256_blendv_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
 }
-#if defined(__F16C__)
+#if defined(TILEATTN_AVX2_F16C)
 /// e5m2 is the top byte of an fp16.
 inline __m256 e5m2_to_ps(__m128i b) { return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)); }
 /// e4m3fn S.EEEE.MMM as the fp16 S.0EEEE.MMM0000000 is its value times 2^-8, subnormals
@@ -469,7 +482,7 @@ inline void bytes_to_float(const Byte* src, float* dst, index_t n, Convert conve
 inline void to_float(const std::int8_t* src, float* dst, index_t n) {
   detail::bytes_to_float(src, dst, n, detail::int8_to_ps);
 }
-#if defined(__F16C__)
+#if defined(TILEATTN_AVX2_F16C)
 inline void to_float(const fp8_e4m3* src, float* dst, index_t n) {
   detail::bytes_to_float(src, dst, n, detail::e4m3_to_ps);
 }
@@ -481,6 +494,13 @@ inline void to_float(const fp8_e4m3* src, float* dst, index_t n) { generic::to_f
 inline void to_float(const fp8_e5m2* src, float* dst, index_t n) { generic::to_float(src, dst, n); }
 #endif
 
+/// generic::mul_add compiled for this target: fused.
+inline float mul_add(float a, float b, float c) { return a * b + c; }
+/// generic::add_alibi_bias compiled for this target (FMA).
+inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
+  for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));
+}
+
 // bf16 pair operands are never used with AVX2 (bf16_dot_product is false); generic's
 // versions keep the interface the same as every arch's.
 template <bool Accumulate, bool TransA = false>
@@ -488,8 +508,23 @@ void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const b
           index_t ldb, float* c, index_t ldc) {
   generic::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
 }
+#if TILEATTN_ARCH_DISPATCH
+// Here generic is compiled for the baseline, whose sums are not fused: take the fused ones
+// an AVX2 + FMA build of generic has (std::fma, inlined as vfmadd where GCC inlines them).
+template <class E>
+void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
+                  index_t ldc) {
+  generic::gemm_nt_rows<E, true>(m, n, k, a, lda, b_rows, c, ldc);
+}
+template <class E>
+void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
+               index_t ldc) {
+  generic::gemm_rows<E, true>(m, n, k, a, lda, b_rows, c, ldc);
+}
+#else
 using generic::gemm_nt_rows;
 using generic::gemm_rows;
+#endif
 using generic::touch_rows;
 using generic::interleave_pairs;
 using generic::interleave_rounded;
@@ -503,4 +538,8 @@ inline bool all_finite(const std::int8_t* x, index_t n) { return generic::all_fi
 
 }  // namespace tileattn::arch::avx2
 
-#endif  // __AVX2__ && __FMA__
+#if TILEATTN_ARCH_DISPATCH
+TILEATTN_TARGET_END
+#endif
+
+#endif  // (__AVX2__ && __FMA__) || TILEATTN_ARCH_DISPATCH

@@ -13,9 +13,20 @@
 // rows of K at a time, into a contiguous 24 KiB buffer that stays in L1: B tiles have
 // power-of-two leading dimensions (Bc = 512, d = 128), whose rows otherwise fall into a
 // few L1 sets and evict each other.
-#pragma once
+//
+// One body, compiled once per feature set: the file includes itself with TILEATTN_AVX512_SET
+// naming the namespace and TILEATTN_AVX512_HAS_* the features. Built with AVX-512F flags it
+// is arch::avx512 with the flags' features, as the compiler macros say; in a dispatched build
+// (arch/isa.hpp) it is arch::avx512 (x86-64-v4 plus AVX-512 BF16) and arch::avx512_no_bf16
+// (x86-64-v4), each under its target pragma.
+#if !defined(TILEATTN_AVX512_SET)
+#if !defined(TILEATTN_ARCH_AVX512_HPP)
+#define TILEATTN_ARCH_AVX512_HPP
 
-#if defined(__AVX512F__)
+#include "tileattn/arch/isa.hpp"
+
+#if defined(__AVX512F__) || TILEATTN_ARCH_DISPATCH
+#define TILEATTN_ARCH_AVX512_COMPILED 1
 
 #include <immintrin.h>
 
@@ -38,7 +49,56 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-namespace tileattn::arch::avx512 {
+#if defined(__AVX512F__)  // fixed: the features the flags enable
+#define TILEATTN_AVX512_SET avx512
+#if defined(__AVX512BF16__)
+#define TILEATTN_AVX512_HAS_BF16 1
+#else
+#define TILEATTN_AVX512_HAS_BF16 0
+#endif
+#if defined(__AVX512DQ__)
+#define TILEATTN_AVX512_HAS_DQ 1
+#else
+#define TILEATTN_AVX512_HAS_DQ 0
+#endif
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TILEATTN_AVX512_HAS_BW_VL 1
+#else
+#define TILEATTN_AVX512_HAS_BW_VL 0
+#endif
+#include "tileattn/arch/avx512.hpp"
+#undef TILEATTN_AVX512_SET
+#undef TILEATTN_AVX512_HAS_BF16
+#else  // dispatched: both copies, under their targets
+#define TILEATTN_AVX512_HAS_DQ 1
+#define TILEATTN_AVX512_HAS_BW_VL 1
+TILEATTN_TARGET_BEGIN(TILEATTN_AVX512_BF16_FEATURES)
+#define TILEATTN_AVX512_SET avx512
+#define TILEATTN_AVX512_HAS_BF16 1
+#include "tileattn/arch/avx512.hpp"
+#undef TILEATTN_AVX512_SET
+#undef TILEATTN_AVX512_HAS_BF16
+TILEATTN_TARGET_END
+TILEATTN_TARGET_BEGIN(TILEATTN_AVX512_FEATURES)
+#define TILEATTN_AVX512_SET avx512_no_bf16
+#define TILEATTN_AVX512_HAS_BF16 0
+#include "tileattn/arch/avx512.hpp"
+#undef TILEATTN_AVX512_SET
+#undef TILEATTN_AVX512_HAS_BF16
+TILEATTN_TARGET_END
+#endif
+#undef TILEATTN_AVX512_HAS_DQ
+#undef TILEATTN_AVX512_HAS_BW_VL
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#endif  // __AVX512F__ || TILEATTN_ARCH_DISPATCH
+#endif  // TILEATTN_ARCH_AVX512_HPP
+#else  // the body, included by the part above
+
+namespace tileattn::arch::TILEATTN_AVX512_SET {
 
 inline constexpr const char* name = "avx512";
 /// With AVX-512 BF16 (vdpbf16ps), bf16 tiles are multiplied as bf16 pairs into float
@@ -49,9 +109,9 @@ inline constexpr const char* name = "avx512";
 /// measure on a vdpbf16ps loop runs at 79 GFLOP/s per core, under half its FMA loop, and
 /// the bf16 forward on pairs at 0.55-0.66x the one on float tiles (docs/precision.md).
 /// -DTILEATTN_BF16_DOT_PRODUCT=0 or 1 overrides the choice.
-#if defined(__AVX512BF16__) && defined(TILEATTN_BF16_DOT_PRODUCT)
+#if TILEATTN_AVX512_HAS_BF16 && defined(TILEATTN_BF16_DOT_PRODUCT)
 inline constexpr bool bf16_dot_product = TILEATTN_BF16_DOT_PRODUCT != 0;
-#elif defined(__AVX512BF16__) && !defined(__AMX_BF16__)
+#elif TILEATTN_AVX512_HAS_BF16 && !defined(__AMX_BF16__)
 inline constexpr bool bf16_dot_product = true;
 #else
 inline constexpr bool bf16_dot_product = false;
@@ -84,7 +144,7 @@ struct Operand<float> {
   static __m512 madd(__m512 acc, vec a, vec b) { return _mm512_fmadd_ps(a, b, acc); }
 };
 
-#if defined(__AVX512BF16__)
+#if TILEATTN_AVX512_HAS_BF16
 template <>
 struct Operand<bf16x2> {
   using vec = __m512i;
@@ -362,7 +422,7 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
     const __m512 e0 = exp2<Pairs>(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j), f, s));
     const __m512 e1 = exp2<Pairs>(_mm512_fmadd_ps(_mm512_loadu_ps(xr + j + lanes), f, s));
     if constexpr (Pairs) {
-#if defined(__AVX512BF16__)
+#if TILEATTN_AVX512_HAS_BF16
       _mm512_storeu_si512(pairs + j / 2, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
 #endif
     } else {
@@ -373,7 +433,7 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
     sum1 = _mm512_add_ps(sum1, e1);
   }
   if constexpr (Pairs) {
-#if defined(__AVX512BF16__)
+#if TILEATTN_AVX512_HAS_BF16
     if (const index_t rest = n - j; rest > 0) {  // up to 31 values: two masked vectors
       const __mmask16 m0 = first_lanes(rest < lanes ? rest : lanes);
       const __mmask16 m1 = rest > lanes ? first_lanes(rest - lanes) : __mmask16(0);
@@ -416,7 +476,7 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
                                                   index_t ld_pairs = 0) {
   for (index_t r = 0; r < rows; ++r) {
     const __m512 f = _mm512_set1_ps(scale[r]), s = _mm512_set1_ps(-shift[r]);
-#if defined(__AVX512BF16__)
+#if TILEATTN_AVX512_HAS_BF16
     sums[r] = pairs ? detail::exp2_shift_sum_row<true>(x + r * ld, n, f, s, pairs + r * ld_pairs)
                     : detail::exp2_shift_sum_row<false>(x + r * ld, n, f, s, nullptr);
 #else
@@ -437,7 +497,7 @@ inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
 inline bool all_finite(const float* x, index_t n) {
   using detail::lanes;
   __mmask16 bad = 0;
-#if defined(__AVX512DQ__)
+#if TILEATTN_AVX512_HAS_DQ
   constexpr int inf_or_nan = 0x01 | 0x08 | 0x10 | 0x80;  // QNaN, +Inf, -Inf, SNaN
   index_t j = 0;
   for (; j + lanes <= n; j += lanes) bad |= _mm512_fpclass_ps_mask(_mm512_loadu_ps(x + j), inf_or_nan);
@@ -479,7 +539,7 @@ inline void transpose(index_t rows, index_t cols, const float* src, index_t lds,
 /// 2^x for one value (running-max corrections); 2^-inf = 0. Same polynomial as the rows.
 inline float exp2(float x) { return _mm512_cvtss_f32(detail::exp2(_mm512_set1_ps(x))); }
 
-#if defined(__AVX512BW__) && defined(__AVX512VL__)  // 16-bit lanes and masked ymm moves
+#if TILEATTN_AVX512_HAS_BW_VL  // 16-bit lanes and masked ymm moves
 
 namespace detail {
 /// 16 bf16 (as 16-bit lanes of a ymm) -> 16 floats: each shifted into a float's upper half.
@@ -688,7 +748,7 @@ inline bool all_finite(const std::int8_t* x, index_t n) { return generic::all_fi
 namespace detail {
 inline __m512 load_floats(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load_floats(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#if TILEATTN_AVX512_HAS_BW_VL
 inline __m512 load_floats(const bf16* p) { return bf16_to_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline __m512 load_floats(const bf16* p, __mmask16 m) { return bf16_to_ps(_mm256_maskz_loadu_epi16(m, p)); }
 inline __m512 load_floats(const fp16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
@@ -876,7 +936,14 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
   });
 }
 
-#if !defined(__AVX512BF16__)
+/// generic::mul_add compiled for this target: fused.
+inline float mul_add(float a, float b, float c) { return a * b + c; }
+/// generic::add_alibi_bias compiled for this target (FMA).
+inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
+  for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));
+}
+
+#if !TILEATTN_AVX512_HAS_BF16
 /// Without AVX-512 BF16 the kernels never multiply bf16 pairs; this keeps the interface whole.
 template <bool Accumulate, bool TransA = false>
 void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
@@ -885,10 +952,6 @@ void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const b
 }
 #endif
 
-}  // namespace tileattn::arch::avx512
+}  // namespace tileattn::arch::TILEATTN_AVX512_SET
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
-#endif  // __AVX512F__
+#endif  // TILEATTN_AVX512_SET

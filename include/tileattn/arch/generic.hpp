@@ -4,17 +4,19 @@
 // Every arch namespace provides the same functions with the same contracts, so ops/ and
 // memory/ can call `arch::native::` without knowing which one it got: gemm, gemm_nt_rows,
 // gemm_rows (K and V rows read in place), row_max,
-// exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2,
+// exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2, mul_add, add_alibi_bias,
 // transpose, the 16-bit conversions to_float / from_float, the 8-bit (fp8_e4m3, fp8_e5m2,
 // int8: core/quantized_types.hpp) to_float (and, for bf16 pair tiles,
 // interleave_pairs, interleave_rounded, round_to_pairs). An arch whose gemm also
 // multiplies bf16 pairs (bf16x2 operands, core/half_types.hpp) says so with
 // bf16_dot_product = true; generic has such a gemm too, as the reference, but keeps
 // bf16_dot_product false: converting bf16 to float tiles is faster in scalar code.
+// arch/micro_kernel_set.hpp states this list as a concept, MicroKernelSet.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "tileattn/core/half_types.hpp"
@@ -26,6 +28,15 @@ namespace tileattn::arch::generic {
 inline constexpr const char* name = "generic";
 /// Whether forward kernels multiply bf16 tiles as bf16 pairs (else they convert to float).
 inline constexpr bool bf16_dot_product = false;
+
+/// Whether this target's multiply-adds are fused (one rounding): with FMA, as the SIMD sets'.
+/// The in-place products take it as a parameter, so that a dispatched avx2 set (arch/isa.hpp)
+/// gets the fused sums an AVX2 + FMA build of generic gives, from a baseline build.
+#if defined(__FMA__)
+inline constexpr bool fused_multiply_add = true;
+#else
+inline constexpr bool fused_multiply_add = false;
+#endif
 
 /// The sum of 16 partial dot-product lanes in the order of the SIMD reduction (lane pairs
 /// (l, l + 2) within each group of 4, then (l, l + 1), then groups (g, g + 1), (g, g + 2)).
@@ -65,18 +76,17 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
 /// bf16, fp16 or 8-bit, anywhere in memory): Q K^T with the keys read in place
 /// (ops::matmul_transposed). Each element is a dot product summed in 16 interleaved
 /// partial sums (p mod 16), then those pairwise (dot_lanes_sum), as the SIMD sets sum it.
-template <class E>
+template <class E, bool Fused = fused_multiply_add>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
                   float* c, index_t ldc) {
   for (index_t i = 0; i < m; ++i)
     for (index_t j = 0; j < n; ++j) {
       float lanes[16] = {};
       for (index_t p = 0; p < k; ++p) {
-#if defined(__FMA__)
-        lanes[p % 16] = std::fma(a[i * lda + p], tileattn::to_float(b_rows[j][p]), lanes[p % 16]);
-#else
-        lanes[p % 16] += a[i * lda + p] * tileattn::to_float(b_rows[j][p]);
-#endif
+        if constexpr (Fused)
+          lanes[p % 16] = std::fma(a[i * lda + p], tileattn::to_float(b_rows[j][p]), lanes[p % 16]);
+        else
+          lanes[p % 16] += a[i * lda + p] * tileattn::to_float(b_rows[j][p]);
       }
       c[i * ldc + j] = dot_lanes_sum(lanes);
     }
@@ -88,7 +98,7 @@ inline void touch_rows(const void* const*, index_t, index_t) {}
 
 /// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements of E, anywhere in
 /// memory): P V with the values read in place, summed over p in order as gemm does.
-template <class E>
+template <class E, bool Fused = fused_multiply_add>
 void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
                index_t ldc) {
   for (index_t i = 0; i < m; ++i) {
@@ -96,11 +106,10 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
     for (index_t p = 0; p < k; ++p) {
       const float aip = a[i * lda + p];
       for (index_t j = 0; j < n; ++j) {
-#if defined(__FMA__)
-        ci[j] = std::fma(aip, tileattn::to_float(b_rows[p][j]), ci[j]);
-#else
-        ci[j] += aip * tileattn::to_float(b_rows[p][j]);
-#endif
+        if constexpr (Fused)
+          ci[j] = std::fma(aip, tileattn::to_float(b_rows[p][j]), ci[j]);
+        else
+          ci[j] += aip * tileattn::to_float(b_rows[p][j]);
       }
     }
   }
@@ -244,6 +253,18 @@ inline bool all_finite(const std::int8_t* x, index_t n) {
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0.
 inline float exp2(float x) { return std::exp2(x); }
+
+/// a * b + c as this set's target computes it: one fused multiply-add where the target has
+/// FMA (GCC and Clang contract it so), two roundings where not. ops/ takes its scalar
+/// row-statistic updates from here, so a dispatched build fuses them as a -march build does.
+inline float mul_add(float a, float b, float c) { return a * b + c; }
+
+/// x[j] += slope * |diagonal - j| for j < n: ALiBi's linear bias on a row of scores (the
+/// column of distance 0 at `diagonal`). Scalar in every set, but compiled for the set's
+/// target, so the multiply-add is fused where that target fuses it (as a -march build does).
+inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
+  for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));
+}
 
 /// dst[c * ldd + r] = src[r * lds + c] for a rows x cols block (keys into K^T).
 inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst,

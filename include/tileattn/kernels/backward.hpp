@@ -346,10 +346,12 @@ IoCounts run_backward(const BackwardParams<T>& p, const BackwardTilePlan& plan, 
                                   per_kv_head ? kp : 0, per_kv_head ? kp + 1 : p.heads_kv());
       parallel_for_in_order(exec, work.size(), [&](index_t item, int worker) {
         try {
-          auto t = BackwardTiles<tile_operand_t<T>>::carve(
-              worker_scratch(plan.working_set_bytes), plan.query_tile_rows, plan.key_tile_rows, p.head_dim(),
-              p.head_dim_v(), scores.has_slope(p.softcap));
-          backward_key_block(p, plan, work[item], st, t, scores, io[static_cast<std::size_t>(worker)]);
+          with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
+            auto t = BackwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.query_tile_rows,
+                                              plan.key_tile_rows, p.head_dim(), p.head_dim_v(),
+                                              scores.has_slope(p.softcap));
+            backward_key_block(p, plan, work[item], st, t, scores, io[static_cast<std::size_t>(worker)]);
+          });
         } catch (...) {
           st.turns.abort();
           throw;

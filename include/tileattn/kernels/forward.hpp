@@ -482,13 +482,12 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
 
 /// Runs every work item of `work` under `exec`, then the split sequences' merges; returns
 /// the HBM traffic counted (zero unless Io counts). Each worker's scratch holds exactly the
-/// plan's working set (planned for tile_operand_t<T>). Kv says where K and V live; `scores`
+/// plan's working set (planned for with_tile_operand<T>'s Op). Kv says where K and V live; `scores`
 /// gives each item's score modifiers.
 template <io_policy Io, class Kv = ContiguousKv, class T, class KV, class Scores = ops::BuiltinScores>
   requires kv_source<Kv, ForwardParams<T, KV>> && ops::forward_score_source<Scores, ForwardParams<T, KV>, Io>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
                      const Execution& exec, const Scores& scores = {}) {
-  using Op = tile_operand_t<T>;
   const std::size_t in_place_bytes =
       in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
@@ -498,9 +497,11 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
     if (reads_kv_in_place(p, blk.range)) {
       forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
     } else {
-      auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
-                                           plan.key_tile_rows, p.head_dim(), p.head_dim_v());
-      forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
+      with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
+        auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
+                                             plan.key_tile_rows, p.head_dim(), p.head_dim_v());
+        forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
+      });
     }
   });
   const auto merges = static_cast<index_t>(work.merges().size()) * p.heads();

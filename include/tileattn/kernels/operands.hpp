@@ -1,6 +1,7 @@
 // tileattn/kernels/operands.hpp: what the forward and backward loops share about their
-// operands: the SRAM operand type of a storage type (tile_operand_t: float, or bf16 pairs)
-// and the matrix of one head of one sequence that
+// operands: the SRAM operand type of a storage type (tile_operand_t: float, or bf16 pairs;
+// with_tile_operand where the micro-kernels are chosen at run time) and the matrix of one
+// head of one sequence that
 // their tiles load from and store to (sequence_matrix).
 #pragma once
 
@@ -18,13 +19,36 @@ namespace tileattn::kernels {
 /// multiplies them natively (arch::native::bf16_dot_product), float otherwise (fp16 has no
 /// such instruction here; float tiles keep its 11-bit significands exact, where bf16 tiles
 /// would drop 3 bits: docs/precision.md).
+/// Where the set is chosen at run time (arch/native.hpp's dispatch), so is this: there is no
+/// tile_operand_t, and kernels take the type from with_tile_operand.
+#if !TILEATTN_ARCH_DISPATCH
 template <class T>
 using tile_operand_t =
     std::conditional_t<std::is_same_v<T, bf16> && arch::native::bf16_dot_product, bf16x2, float>;
+#endif
 
 template <class Op>
 inline constexpr TileOperands tile_operands_v =
     std::is_same_v<Op, bf16x2> ? TileOperands::bf16_pairs : TileOperands::fp32;
+
+/// f(std::type_identity<Op>{}) for T's operand type Op (tile_operand_t<T>, or its run-time
+/// choice under dispatch: bf16 pairs where the running set multiplies them).
+template <class T, class F>
+decltype(auto) with_tile_operand(F&& f) {
+#if TILEATTN_ARCH_DISPATCH
+  if constexpr (std::is_same_v<T, bf16>)
+    if (arch::native::bf16_dot_product()) return f(std::type_identity<bf16x2>{});
+  return f(std::type_identity<float>{});
+#else
+  return f(std::type_identity<tile_operand_t<T>>{});
+#endif
+}
+
+/// tile_operands_v of T's operand type in this process.
+template <class T>
+TileOperands tile_operands_for() {
+  return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_v<Op>; });
+}
 
 /// The [len, head_dim] matrix of one head of one sequence.
 template <class T>

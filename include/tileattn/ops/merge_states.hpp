@@ -51,7 +51,7 @@ void merge_state_step(AccTile& acc, RowStats& stats, const StateTile& o_c, const
     float* a = acc.row(r);
     const float* o = o_c.row(r);
     for (index_t c = 0; c < acc.cols(); ++c) a[c] = a[c] * rescale + weight * o[c];
-    stats.sum[r] = stats.sum[r] * rescale + weight;
+    stats.sum[r] = arch::native::mul_add(stats.sum[r], rescale, weight);
     stats.max[r] = m_new;
   }
 }

@@ -210,7 +210,7 @@ void finalize_rows(AccTile& o, RowStats stats, float* lse, const float* sink = n
     if (sink && *sink != negative_infinity) {  // fold 2^(sink - max) into the sum, under the larger maximum
       const float new_max = std::max(max, *sink);
       o_factor = arch::native::exp2(max - new_max);
-      sum = sum * o_factor + arch::native::exp2(*sink - new_max);
+      sum = arch::native::mul_add(sum, o_factor, arch::native::exp2(*sink - new_max));
       max = new_max;
     }
     if (sum == 0.0f) {

@@ -17,6 +17,7 @@
 #include <numbers>
 #include <utility>
 
+#include "tileattn/arch/native.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/ops/online_softmax.hpp"
@@ -219,9 +220,7 @@ class ScoreModifiers {
     for (index_t r = 0; r < rows.count(); ++r) {
       const float slope = -log2e * alibi_[rows.head(r)];
       const index_t diagonal = rows.position(r) + window_.offset - col0;  // column of distance 0
-      float* row = s.row(r);
-      for (index_t j = 0; j < s.cols(); ++j)
-        row[j] += slope * static_cast<float>(std::abs(diagonal - j));
+      arch::native::add_alibi_bias(s.row(r), s.cols(), slope, diagonal);  // fused as the set's target fuses
     }
   }
 
