@@ -56,4 +56,5 @@ done
 for t in float bf16 fp16; do
   measure "$t, extern templates (tileattn::instantiations)" "$repo/include" "$work/$t.cpp" -DTILEATTN_EXTERN_TEMPLATES
 done
-measure "src/instantiations.cpp (all three, once)" "$repo/include" "$repo/src/instantiations.cpp"
+measure "src/instantiations_forward.cpp (all three, once)" "$repo/include" "$repo/src/instantiations_forward.cpp"
+measure "src/instantiations_backward.cpp (all three, once)" "$repo/include" "$repo/src/instantiations_backward.cpp"

@@ -4,7 +4,7 @@
 # root, otherwise prints the command to run and exits 1.
 set -euo pipefail
 
-packages=(build-essential cmake libeigen3-dev libtbb-dev libgtest-dev libgmock-dev
+packages=(build-essential cmake ninja-build libeigen3-dev libtbb-dev libgtest-dev libgmock-dev
           libbenchmark-dev libopenblas-dev python3
           clang libclang-rt-14-dev libomp-14-dev  # the sanitizer and fuzzer builds (scripts/sanitize.sh)
           libopenmpi-dev openmpi-bin)            # ring attention over MPI (tileattn/distributed/)

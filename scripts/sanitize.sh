@@ -32,12 +32,14 @@ read -r -a parts <<< "${parts[*]}"
 llvm_lib=/usr/lib/llvm-14/lib
 common=(-DTILEATTN_BUILD_BENCHMARKS=OFF -DTILEATTN_INSTALL=OFF --log-level=NOTICE)
 linked=(-DTILEATTN_BUILD_INSTANTIATIONS=ON)  # kernels compiled once for every test (tests/CMakeLists.txt)
+# Ninja for a new build directory (scripts/test.sh says why); an existing one keeps its generator.
+generator() { [[ -f "$1/CMakeCache.txt" ]] || echo "-G Ninja"; }
 
 run_asan() {
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer (g++)"
   # With MPI: ring attention's suite on 2 ranks and on 3 with its progress thread, without
   # its *Large* cases (tests/distributed/CMakeLists.txt).
-  cmake -S . -B build-asan "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+  cmake -S . -B build-asan $(generator build-asan) "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=g++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_MPI=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
   cmake --build build-asan -j"$jobs"
@@ -50,7 +52,7 @@ run_asan() {
 
 run_tsan() {
   echo "== ThreadSanitizer (clang, libomp + Archer; serial and OpenMP backends)"
-  cmake -S . -B build-tsan "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+  cmake -S . -B build-tsan $(generator build-tsan) "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_TBB=OFF \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=thread"
   local targets=(backend_parallel_for_test backend_tsan_canary variants_combinations_test
@@ -72,7 +74,7 @@ run_fuzz() {
   # The harnesses link the kernels compiled once (tileattn::instantiations) with the same
   # sanitizers and libFuzzer's coverage instrumentation (fuzzer-no-link), so the fuzzer sees
   # and checks the kernels as it did when each harness compiled its own copy.
-  cmake -S . -B build-fuzz "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
+  cmake -S . -B build-fuzz $(generator build-fuzz) "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=all -fsanitize=fuzzer-no-link" \
     -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-12000}"

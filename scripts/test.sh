@@ -9,7 +9,12 @@ cd "$repo_root"
 bash scripts/install_deps.sh
 
 jobs="$(nproc)"
-cmake -S . -B build-tests --log-level=NOTICE \
+# Ninja for a new build directory: it starts a test's compilation while the libraries it
+# links still build (make waits for them), which keeps both cores busy; an existing
+# directory keeps the generator it was made with.
+generator=()
+[[ -f build-tests/CMakeCache.txt ]] || generator=(-G Ninja)
+cmake -S . -B build-tests "${generator[@]}" --log-level=NOTICE \
   -DCMAKE_BUILD_TYPE=Release \
   -DTILEATTN_BUILD_TESTS=ON \
   -DTILEATTN_BUILD_EXAMPLES=ON \

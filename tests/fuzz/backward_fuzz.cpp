@@ -608,7 +608,7 @@ constexpr double float_relative = 2e-5, half_relative = 2e-4;
 /// `worst` gets the largest error / bound ratio (verbose).
 std::string check_gradient(const std::string& name, const std::vector<float>& got, const std::vector<double>& want,
                            const std::vector<float>& naive, const std::vector<double>& terms, double u, double u_floor,
-                           double relative, bool nonfinite_inputs, double& worst) {
+                           double relative, [[maybe_unused]] bool nonfinite_inputs, double& worst) {
   const GradError e = test::grad_error(got, want, name);
   if (!e.problem.empty()) return e.problem;  // the non-finite pattern: NaN reaches what its row sees
   const GradError n = test::grad_error(naive, want, name);
