@@ -40,26 +40,7 @@ inline BackwardTilePlan backward_tiles(const BackwardShape& shape, const Forward
 
 /// A backward call's plan (plan_backward), as ForwardPlan is the forward's: backward(plan,
 /// ...) reuses it for every call with the same shapes and options (checked: "plan").
-class BackwardPlan {
- public:
-  struct Signature {  // everything the tiles depend on
-    BackwardShape shape;
-    std::size_t sram_budget_bytes = 0;
-    int workers = 1;
-    bool operator==(const Signature&) const = default;
-  };
-
-  explicit BackwardPlan(const Signature& signature)
-      : tiles_(plan_backward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers)),
-        signature_(signature) {}
-
-  const BackwardTilePlan& tiles() const { return tiles_; }
-  const Signature& signature() const { return signature_; }
-
- private:
-  BackwardTilePlan tiles_;
-  Signature signature_;
-};
+using BackwardPlan = CallPlan<BackwardShape, BackwardTilePlan, plan_backward_tiles>;
 
 namespace detail {
 
@@ -193,12 +174,9 @@ inline BackwardPlan::Signature backward_signature(const BackwardShape& shape, co
 }
 
 /// The tiles of a checked call: the given plan's, checked against the call, or planned now.
-inline BackwardTilePlan call_tiles(const BackwardShape& shape, const ForwardOptions& options, const BackwardPlan* given) {
-  const BackwardPlan::Signature signature = backward_signature(shape, options);
-  if (given == nullptr) return plan_backward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers);
-  TILEATTN_REQUIRE(given->signature() == signature, "plan",
-                   "was made for another call (plan_backward: the same shapes, options and thread count)");
-  return given->tiles();
+inline BackwardTilePlan call_tiles(const BackwardShape& shape, const ForwardOptions& options,
+                                   const BackwardPlan* given) {
+  return BackwardPlan::tiles_for(backward_signature(shape, options), given, "plan_backward");
 }
 
 /// The checks both entry points share once the params are built, then the run with the

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "tileattn/call_plan.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/detail/forward_checks.hpp"
@@ -56,27 +57,7 @@ inline TilePlan forward_tiles(const PlanShape& shape, const ForwardOptions& opti
 /// A forward call's plan (plan_forward): the tiles chosen for its shapes, budget and thread
 /// count. forward(plan, ...) reuses it for every call with the same shapes and options
 /// (checked: a call it was not made for throws tileattn::invalid_argument naming "plan").
-/// Immutable: one plan may serve concurrent calls.
-class ForwardPlan {
- public:
-  struct Signature {  // everything the tiles depend on
-    PlanShape shape;
-    std::size_t sram_budget_bytes = 0;
-    int workers = 1;
-    bool operator==(const Signature&) const = default;
-  };
-
-  explicit ForwardPlan(const Signature& signature)
-      : tiles_(plan_forward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers)),
-        signature_(signature) {}
-
-  const TilePlan& tiles() const { return tiles_; }
-  const Signature& signature() const { return signature_; }
-
- private:
-  TilePlan tiles_;
-  Signature signature_;
-};
+using ForwardPlan = CallPlan<PlanShape, TilePlan, plan_forward_tiles>;
 
 namespace detail {
 /// The planner's view of a call on q, k, v: `sequences` sequences of at most max_seqlen_q
@@ -156,11 +137,7 @@ inline void check_budget(const ForwardOptions& options) {
 
 /// The tiles of a checked call: the given plan's, checked against the call, or planned now.
 inline TilePlan call_tiles(const PlanShape& shape, const ForwardOptions& options, const ForwardPlan* given) {
-  const ForwardPlan::Signature signature = forward_signature(shape, options);
-  if (given == nullptr) return plan_forward_tiles(signature.shape, signature.sram_budget_bytes, signature.workers);
-  TILEATTN_REQUIRE(given->signature() == signature, "plan",
-                   "was made for another call (plan_forward: the same shapes, sram_budget_bytes and thread count)");
-  return given->tiles();
+  return ForwardPlan::tiles_for(forward_signature(shape, options), given, "plan_forward");
 }
 
 /// Checks what the score source needs (a flex call's block mask), plans (or checks the
