@@ -44,10 +44,14 @@ using BackwardPlan = CallPlan<BackwardShape, BackwardTilePlan, plan_backward_til
 
 namespace detail {
 
-template <class T>
-BackwardShape backward_shape(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k, bool slope) {
-  return {p.head_dim(), p.head_dim_v(), max_seqlen_q, max_seqlen_k, p.batch() * p.heads_kv(), slope,
-          kernels::tile_operands_for<T>()};
+/// The backward planner's view of a call on q, k, v (as plan_shape is the forward's):
+/// `sequences` sequences of at most max_seqlen_q queries and max_seqlen_k keys; `slope`: the
+/// modified score's slope takes a tile of its own.
+template <class Q, class K, class V>
+BackwardShape backward_shape(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
+                             index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k, bool slope) {
+  return {q.shape[dim::head_dim], v.shape[dim::head_dim], max_seqlen_q, max_seqlen_k, sequences * k.shape[dim::heads],
+          slope, kernels::tile_operands_for<std::remove_const_t<Q>>()};
 }
 
 template <class T>
@@ -191,7 +195,8 @@ void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, in
   check_backward_params(p, max_seqlen_q, max_seqlen_k, options);
   scores.check(p, max_seqlen_q, max_seqlen_k);
   const BackwardTilePlan plan =
-      call_tiles(backward_shape(p, max_seqlen_q, max_seqlen_k, scores.has_slope(p.softcap)), options, given);
+      call_tiles(backward_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k, scores.has_slope(p.softcap)),
+                 options, given);
   if (p.dbias.data) {  // zero first: keys a row never sees get no gradient
     const StridedView<float, 4>& g = p.dbias;
     for (index_t b = 0; b < g.shape[0]; ++b)
@@ -294,10 +299,9 @@ void backward(const BackwardPlan& plan, const TensorView<Q>& q, const TensorView
 template <class Q, class K, class V>
 BackwardPlan plan_backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V>& v,
                            const BackwardOptions& options = {}) {
-  using T = std::remove_const_t<Q>;
-  const BackwardShape shape{q.shape[dim::head_dim], v.shape[dim::head_dim], q.shape[dim::seqlen], k.shape[dim::seqlen],
-                            q.shape[dim::batch] * k.shape[dim::heads], ops::BuiltinScores{}.has_slope(options.softcap),
-                            kernels::tile_operands_for<T>()};
+  const bool slope = ops::BuiltinScores{}.has_slope(options.softcap);
+  const BackwardShape shape =
+      detail::backward_shape(q, k, v, q.shape[dim::batch], q.shape[dim::seqlen], k.shape[dim::seqlen], slope);
   return BackwardPlan(detail::backward_signature(shape, options));
 }
 
