@@ -37,6 +37,7 @@
 #include "tileattn/arch/amx_support.hpp"
 #include "tileattn/arch/avx512.hpp"
 #include "tileattn/arch/isa.hpp"
+#include "tileattn/arch/prepared_pairs.hpp"
 
 #if ((defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)) || \
      TILEATTN_ARCH_DISPATCH) &&                                                                            \
@@ -351,17 +352,31 @@ inline void transpose_panel(const bf16x2* a, index_t lda, index_t rows, index_t 
     }
 }
 
-/// Loads the tile configuration for this call and releases the tiles when it ends.
-struct TileSession {
-#if defined(TILEATTN_AMX_EMULATE)
-  TileSession() = default;
-#else
-  TILEATTN_AMX_TARGET TileSession() {
-    static const TileConfig config{};
-    _tile_loadconfig(&config);
-  }
-  TILEATTN_AMX_TARGET ~TileSession() { _tile_release(); }
+/// Tile sessions open on this thread: the outermost loads the configuration and releases the
+/// tiles when it closes, so the products of a work item (begin_products) share one.
+inline int& open_sessions() {
+  thread_local int depth = 0;
+  return depth;
+}
+TILEATTN_AMX_TARGET inline void open_session() {
+#if !defined(TILEATTN_AMX_EMULATE)
+  static const TileConfig config{};
+  if (open_sessions() == 0) _tile_loadconfig(&config);
 #endif
+  ++open_sessions();
+}
+TILEATTN_AMX_TARGET inline void close_session() {
+#if !defined(TILEATTN_AMX_EMULATE)
+  if (open_sessions() == 1) _tile_release();
+#endif
+  --open_sessions();
+}
+
+/// A session for one call (code between calls, another library's included, may use tiles
+/// its own way), unless the caller holds one.
+struct TileSession {
+  TileSession() { open_session(); }
+  ~TileSession() { close_session(); }
   TileSession(const TileSession&) = delete;
   TileSession& operator=(const TileSession&) = delete;
 };
@@ -418,6 +433,24 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
     }
   }
 }
+
+/// tile_gemm (not transposed) with B packed whole beforehand (prepare_pairs): the same chunks
+/// of K, blocks and tile products, so the same bits, without the pack per call.
+template <bool Accumulate>
+TILEATTN_AMX_TARGET void tile_gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                                            const PreparedPairs& b, float* c, index_t ldc) {
+  [[maybe_unused]] TileSession session;
+  EdgeBuffers buf;
+  const auto* packed = reinterpret_cast<const std::uint32_t*>(b.data);
+  for (index_t p = 0; p < k; p += transposed_depth) {
+    const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
+    const BOperand b_op{packed + p / dim * b.packed_tiles * dim * dim, 0, b.packed_tiles};
+    for (index_t i = 0; i < m; i += 2 * dim) {
+      const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
+      row_panel(rows, n, depth, a + i * lda + p, lda, b_op, c + i * ldc, ldc, Accumulate || p > 0, buf);
+    }
+  }
+}
 }  // namespace detail
 
 /// Whether this process's bf16 pair products run on AMX tiles (checked once; always, emulated,
@@ -447,6 +480,44 @@ void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b, 
     }
   }
   avx512::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
+}
+
+// ---- B prepared once for many row slabs (arch/prepared_pairs.hpp) ----------------------------
+
+/// Rows per slab where the pairs run on AMX tiles (0: all rows at once, as elsewhere).
+/// Tests and benchmarks change it to compare both schedules; the results are the same bits.
+inline std::atomic<index_t> slab_rows{32};
+
+/// Where the tiles are in use: B packed into buffer in whole 16 x 16 tiles, once for every
+/// slab; else B itself (vdpbf16ps reads it in place).
+inline PreparedPairs prepare_pairs(index_t k, index_t n, const bf16x2* b, index_t ldb, bf16x2* buffer) {
+  if (!tiles_in_use() || k <= 0 || n <= 0) return {b, ldb, 0};
+  auto* packed = reinterpret_cast<std::uint32_t*>(buffer);
+  const detail::BOperand op = detail::pack_b(b, ldb, k, n, packed);
+  return {buffer, 0, op.packed_tiles};
+}
+
+/// gemm<Accumulate> with B prepared by prepare_pairs: the same bits as gemm on B itself.
+template <bool Accumulate>
+void gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const PreparedPairs& b, float* c,
+                   index_t ldc) {
+  if (b.packed_tiles == 0) return avx512::gemm<Accumulate>(m, n, k, a, lda, b.data, b.ld, c, ldc);
+  if (m <= 0 || n <= 0) return;
+  if (k > 0) return detail::tile_gemm_prepared<Accumulate>(m, n, k, a, lda, b, c, ldc);
+  if constexpr (!Accumulate)
+    for (index_t i = 0; i < m; ++i)
+      for (index_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
+}
+
+inline index_t product_slab_rows() { return tiles_in_use() ? slab_rows.load(std::memory_order_relaxed) : 0; }
+
+/// A work item's products share one tile configuration: loaded here, the tiles released by
+/// the matching end_products (they nest); nothing where the tiles are not in use.
+inline void begin_products() {
+  if (tiles_in_use()) detail::open_session();
+}
+inline void end_products() {
+  if (tiles_in_use()) detail::close_session();
 }
 
 }  // namespace tileattn::arch::amx

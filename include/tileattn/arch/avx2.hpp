@@ -536,6 +536,9 @@ inline bool all_finite(const fp8_e4m3* x, index_t n) { return generic::all_finit
 inline bool all_finite(const fp8_e5m2* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const std::int8_t* x, index_t n) { return generic::all_finite(x, n); }
 
+/// B operands read in place (arch/prepared_pairs.hpp): one slab of all rows.
+TILEATTN_PAIRS_READ_IN_PLACE
+
 }  // namespace tileattn::arch::avx2
 
 #if TILEATTN_ARCH_DISPATCH

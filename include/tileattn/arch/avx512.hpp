@@ -952,6 +952,10 @@ void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const b
 }
 #endif
 
+/// B operands read in place (arch/prepared_pairs.hpp): one slab of all rows. (arch::amx,
+/// which takes everything else from here, has its own.)
+TILEATTN_PAIRS_READ_IN_PLACE
+
 }  // namespace tileattn::arch::TILEATTN_AVX512_SET
 
 #endif  // TILEATTN_AVX512_SET

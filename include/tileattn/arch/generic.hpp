@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "tileattn/arch/prepared_pairs.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
@@ -272,5 +273,8 @@ inline void transpose(index_t rows, index_t cols, const float* src, index_t lds,
   for (index_t c = 0; c < cols; ++c)
     for (index_t r = 0; r < rows; ++r) dst[c * ldd + r] = src[r * lds + c];
 }
+
+/// B operands read in place (arch/prepared_pairs.hpp): one slab of all rows.
+TILEATTN_PAIRS_READ_IN_PLACE
 
 }  // namespace tileattn::arch::generic

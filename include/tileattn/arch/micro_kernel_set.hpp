@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tileattn/arch/prepared_pairs.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
@@ -91,6 +92,13 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
   S::interleave_pairs(cb, cb, p, n);
   S::interleave_rounded(cf, cf, p, n);
   S::round_to_pairs(cf, p, n);
+  // A pair B operand prepared once for many row slabs (arch/prepared_pairs.hpp).
+  { S::prepare_pairs(n, n, cp, n, p) } -> std::same_as<PreparedPairs>;
+  S::template gemm_prepared<false>(n, n, n, cp, n, S::prepare_pairs(n, n, cp, n, p), f, n);
+  S::template gemm_prepared<true>(n, n, n, cp, n, S::prepare_pairs(n, n, cp, n, p), f, n);
+  { S::product_slab_rows() } -> std::same_as<index_t>;
+  S::begin_products();
+  S::end_products();
 };
 
 }  // namespace tileattn::arch
@@ -127,4 +135,12 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
     TILEATTN_SET_FORWARD(ns, interleave_pairs)                                                    \
     TILEATTN_SET_FORWARD(ns, interleave_rounded)                                                  \
     TILEATTN_SET_FORWARD(ns, round_to_pairs)                                                      \
+    TILEATTN_SET_FORWARD(ns, prepare_pairs)                                                       \
+    template <bool Accumulate, class... A>                                                        \
+    static auto gemm_prepared(A... a)->decltype(ns::gemm_prepared<Accumulate>(a...)) {            \
+      return ns::gemm_prepared<Accumulate>(a...);                                                 \
+    }                                                                                             \
+    TILEATTN_SET_FORWARD(ns, product_slab_rows)                                                   \
+    TILEATTN_SET_FORWARD(ns, begin_products)                                                      \
+    TILEATTN_SET_FORWARD(ns, end_products)                                                        \
   }

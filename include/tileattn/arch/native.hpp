@@ -161,6 +161,17 @@ inline void interleave_rounded(const float* a, const float* b, bf16x2* dst, inde
   TILEATTN_DISPATCH_BF16_FREE(interleave_rounded(a, b, dst, n));
 }
 inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) { TILEATTN_DISPATCH_BF16_FREE(round_to_pairs(x, dst, n)); }
+inline PreparedPairs prepare_pairs(index_t k, index_t n, const bf16x2* b, index_t ldb, bf16x2* buffer) {
+  TILEATTN_DISPATCH(prepare_pairs(k, n, b, ldb, buffer));
+}
+template <bool Accumulate>
+void gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const PreparedPairs& b, float* c,
+                   index_t ldc) {
+  TILEATTN_DISPATCH(gemm_prepared<Accumulate>(m, n, k, a, lda, b, c, ldc));
+}
+inline index_t product_slab_rows() { TILEATTN_DISPATCH(product_slab_rows()); }
+inline void begin_products() { TILEATTN_DISPATCH(begin_products()); }
+inline void end_products() { TILEATTN_DISPATCH(end_products()); }
 
 #undef TILEATTN_DISPATCH
 #undef TILEATTN_DISPATCH_BF16_FREE
