@@ -136,9 +136,9 @@ template <class T>
 TilePlan row_stats_plan(const BackwardParams<T>& p, index_t max_seqlen_q) {
   constexpr index_t key_tile = 64, query_tile = 64;
   const index_t positions = std::clamp<index_t>(max_seqlen_q, 1, query_tile);
-  const std::size_t bytes = forward_working_set_bytes(positions, key_tile, p.head_dim(), p.head_dim_v(),
-                                                      kernels::tile_operands_for<T>());
-  return {positions, key_tile, 1, bytes, bytes};
+  const TileOperands operands = kernels::tile_operands_for<T>();
+  const std::size_t bytes = forward_working_set_bytes(positions, key_tile, p.head_dim(), p.head_dim_v(), operands);
+  return {positions, key_tile, 1, bytes, bytes, operands == TileOperands::bf16_panels};
 }
 
 /// The forward's final row statistics of every row, recomputed by running the forward again

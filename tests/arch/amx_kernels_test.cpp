@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -233,6 +234,46 @@ TEST(AmxGemm, AttentionTilesAreReproducibleAndAgreeWithTheDotProductKernel) {
               worst, low_first, high_first, per_pair, per_16_pairs, static_cast<int>(m * n));
 }
 
+/// B prepared once (packed into whole tiles) and multiplied by row slabs gives the bits of the
+/// gemm on B itself, on awkward shapes, with and without accumulation, K past one chunk.
+TEST(AmxGemm, PreparedOperandGivesTheGemmsBits) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(29);
+  struct Shape {
+    index_t m, n, k;
+  };
+  for (const Shape sh : {Shape{1, 1, 1}, Shape{17, 33, 5}, Shape{32, 128, 64}, Shape{45, 200, 70},
+                         Shape{128, 512, 64}, Shape{33, 16, 300}, Shape{70, 17, 257}}) {
+    SCOPED_TRACE(std::to_string(sh.m) + " x " + std::to_string(sh.n) + " x " + std::to_string(sh.k));
+    const index_t lda = sh.k + 3, ldb = sh.n + 5, ldc = sh.n + 2;
+    std::vector<bf16x2> a(static_cast<std::size_t>(sh.m * lda)), b(static_cast<std::size_t>(sh.k * ldb));
+    for (auto& x : a) x = random_pair(rng);
+    for (auto& x : b) x = random_pair(rng);
+    const auto capacity = static_cast<std::size_t>(arch::prepared_pairs_capacity(sh.k, sh.n));
+    std::unique_ptr<bf16x2[], decltype(&std::free)> buffer(
+        static_cast<bf16x2*>(std::aligned_alloc(64, capacity * sizeof(bf16x2))), &std::free);
+    const arch::PreparedPairs prepared = arch::native::prepare_pairs(sh.k, sh.n, b.data(), ldb, buffer.get());
+    EXPECT_GT(prepared.packed_tiles, 0);
+    for (const bool accumulate : {false, true}) {
+      std::vector<float> want(static_cast<std::size_t>(sh.m * ldc));
+      for (auto& x : want) x = std::normal_distribution<float>()(rng);
+      std::vector<float> got = want;
+      if (accumulate) {
+        arch::native::gemm<true>(sh.m, sh.n, sh.k, a.data(), lda, b.data(), ldb, want.data(), ldc);
+        for (index_t r0 = 0; r0 < sh.m; r0 += 32)  // by slabs of 32 rows, as the forward
+          arch::native::gemm_prepared<true>(std::min<index_t>(32, sh.m - r0), sh.n, sh.k, a.data() + r0 * lda, lda,
+                                            prepared, got.data() + r0 * ldc, ldc);
+      } else {
+        arch::native::gemm<false>(sh.m, sh.n, sh.k, a.data(), lda, b.data(), ldb, want.data(), ldc);
+        arch::native::gemm_prepared<false>(sh.m, sh.n, sh.k, a.data(), lda, prepared, got.data(), ldc);
+      }
+      for (std::size_t e = 0; e < got.size(); ++e)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got[e]), std::bit_cast<std::uint32_t>(want[e]))
+            << "element " << e << (accumulate ? ", accumulating" : "");
+    }
+  }
+}
+
 // ---- The kernels on AMX ----------------------------------------------------------------
 
 struct KernelCase {
@@ -358,6 +399,72 @@ TEST(AmxKernels, Bf16BitwiseIdenticalAcrossThreadCountsAndBackends) {
       SCOPED_TRACE(std::string(to_string(b)) + " x " + std::to_string(threads));
       compare(run({b, threads}), first);
     }
+}
+
+/// The forward in panels (the AMX schedule) gives the same bits for every slab height, with
+/// slabs across the query heads of a GQA group, the window, ALiBi, softcap, a bias, a
+/// boolean mask and sinks, in one panel and in panels of 64 keys; and is within
+/// FlashAttention's rule of the double reference (Bf16ForwardWithinTwiceNaiveBf16 runs the
+/// default panels).
+TEST(AmxKernels, PanelsGiveTheSameBitsForEverySlabHeight) {
+  SKIP_WITHOUT_AMX();
+  struct Case {
+    std::string name;
+    test::ProblemShape shape;
+    bool causal;
+    index_t window_left;
+    float softcap;
+    bool alibi, bias, mask;
+  };
+  const std::vector<Case> cases = {
+      {"GQA 8:1, 45 rows a head", {2, 45, 170, 8, 1, 64, 64}, false, -1, 0.0f, false, false, false},
+      {"causal, window 50, d 96", {1, 200, 230, 2, 2, 96, 96}, true, 50, 0.0f, false, false, false},
+      {"ALiBi and softcap, GQA 4:2", {1, 70, 100, 4, 2, 128, 128}, true, -1, 30.0f, true, false, false},
+      {"bias and mask, d 40 / 72", {2, 33, 129, 2, 1, 40, 72}, false, -1, 0.0f, false, true, true}};
+  std::mt19937 rng(7);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const test::ProblemShape& s = c.shape;
+    std::vector<float> slopes(static_cast<std::size_t>(s.heads)), sinks(slopes.size()),
+        bias(static_cast<std::size_t>(s.heads * s.seqlen_q * s.seqlen_k));
+    for (auto& x : slopes) x = std::uniform_real_distribution<float>(0.01f, 0.5f)(rng);
+    for (auto& x : sinks) x = std::normal_distribution<float>()(rng);
+    for (auto& x : bias) x = std::normal_distribution<float>()(rng);
+    std::unique_ptr<bool[]> mask(new bool[bias.size()]);
+    for (std::size_t i = 0; i < bias.size(); ++i) mask[i] = rng() % 4 != 0;
+    ForwardOptions opts;
+    opts.causal = c.causal;
+    opts.window_left = c.window_left;
+    opts.softcap = c.softcap;
+    opts.sinks = sinks;
+    if (c.alibi) opts.alibi_slopes = slopes;
+    const index_t nq = s.seqlen_q, nk = s.seqlen_k;
+    if (c.bias) opts.bias = {bias.data(), {1, s.heads, nq, nk}, {0, nq * nk, nk, 1}};
+    if (c.mask) opts.mask = {mask.get(), {1, s.heads, nq, nk}, {0, nq * nk, nk, 1}};
+    opts.sram_budget_bytes = 64 << 20;  // one plan for every slab height: a query tile per head
+    for (const index_t panel : {512, 64}) {
+      const auto run = [&](index_t slab) {
+        arch::amx::slab_rows = slab;
+        tileattn::detail::panel_keys = panel;
+        test::BackwardProblem<bf16> p(s, 2900);
+        p.forward(opts);
+        arch::amx::slab_rows = 32;
+        tileattn::detail::panel_keys = 512;
+        std::vector<std::uint32_t> bits;
+        for (const bf16 v : p.o) bits.push_back(v.bits);
+        for (const float l : p.lse) bits.push_back(std::bit_cast<std::uint32_t>(l));
+        return bits;
+      };
+      const std::vector<std::uint32_t> want = run(64);
+      for (const index_t slab : {32, 16, 7}) {
+        const std::vector<std::uint32_t> got = run(slab);
+        ASSERT_EQ(got.size(), want.size());
+        for (std::size_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(got[i], want[i]) << "panels of " << panel << ", slabs of " << slab << ", element " << i << " of "
+                                     << want.size();
+      }
+    }
+  }
 }
 
 #else

@@ -72,7 +72,7 @@ struct BackwardShape {
 constexpr std::size_t backward_working_set_bytes(index_t br, index_t bc, index_t d, index_t dv,
                                                  bool softcap = false,
                                                  TileOperands operands = TileOperands::fp32) {
-  const std::size_t main = operands == TileOperands::bf16_pairs
+  const std::size_t main = pair_operands(operands)
                                ? kernels::BackwardTiles<bf16x2>::footprint(br, bc, d, dv, softcap)
                                : kernels::BackwardTiles<float>::footprint(br, bc, d, dv, softcap);
   const std::size_t preprocess = kernels::BackwardPreprocessTiles::footprint(br, dv);
@@ -97,7 +97,7 @@ constexpr index_t smaller_pair_tile(index_t n) {
 /// The smallest tiles a plan may take: 1 x 1 for float operands; for bf16 pairs 32 x 32 (or
 /// the whole sequence where it is shorter), so that every budget gives the same bits.
 inline std::pair<index_t, index_t> smallest_backward_tiles(index_t nq, index_t nk, TileOperands operands) {
-  if (operands != TileOperands::bf16_pairs) return {1, 1};
+  if (!pair_operands(operands)) return {1, 1};
   return {std::min(nq, kernels::sum_group_values), std::min(nk, kernels::sum_group_values)};
 }
 
@@ -114,7 +114,7 @@ inline BackwardTilePlan plan_backward_tiles(const BackwardShape& shape, std::siz
     return backward_working_set_bytes(br, bc, d, dv, shape.softcap, shape.operands) <= budget;
   };
   const auto [min_br, min_bc] = smallest_backward_tiles(nq, nk, shape.operands);
-  const bool pairs = shape.operands == TileOperands::bf16_pairs;
+  const bool pairs = pair_operands(shape.operands);
   index_t br = std::min(backward_query_tile, nq);
   index_t bc = std::min(backward_max_key_tile, nk);
   while (!fits(br, bc)) {  // keys down to 16 (pairs: 32), then rows, then keys

@@ -158,36 +158,90 @@ struct PagedKv {
 };
 
 namespace detail {
-/// S = Q K^T from a K^T tile or from key rows read in place; O += P V likewise.
-template <class Op>
-void scores(Tile<float>& s, const Tile<Op>& q, const Tile<Op>& k_t) { ops::matmul(s, q, k_t); }
+/// S = Q K^T from a K^T tile (prepared or not) or from key rows read in place.
+template <class Op, class KeyOperand>
+void scores(Tile<float>& s, const Tile<Op>& q, const KeyOperand& k_t) { ops::matmul(s, q, k_t); }
 template <class E>
 void scores(Tile<float>& s, const Tile<float>& q, const RowRefs<E>& k) { ops::matmul_transposed(s, q, k); }
+
+/// Calls f(first, piece) for the pieces of the packed rows [r0, r0 + n) that lie in one query
+/// head each (first: the piece's first row, counted from r0): the score modifiers index
+/// their rows by (head, position).
+template <class F>
+void for_head_pieces(const ops::PackedRows& rows, index_t r0, index_t n, F&& f) {
+  if (r0 == 0 && n == rows.count()) return f(index_t{0}, rows);
+  for (index_t r = r0; r < r0 + n;) {
+    const index_t g = r / rows.positions, offset = r % rows.positions;
+    const index_t len = std::min(rows.positions - offset, r0 + n - r);
+    f(r - r0, ops::PackedRows{rows.head0 + g, 1, rows.position0 + offset, len});
+    r += len;
+  }
+}
 }  // namespace detail
 
-/// One key tile's work for the packed rows `rows`, which start at row first_row of the
-/// tiles, with K and V as tiles (k_t, v) or read in place (RowRefs). A V tile with an Inf
-/// or NaN takes the row-by-row path that never multiplies it by the zero probability of a
-/// masked key; values_finite (-1: not yet known) is checked once per tile, after Q K^T.
+/// Rows per slab of a key tile's work: in bf16 panels (where the micro-kernel set multiplies
+/// prepared operands, arch/prepared_pairs.hpp) the set's slab, at most max_slab_rows; all
+/// of them elsewhere. Every row's result is the same bits either way.
+template <class Tiles>
+index_t slab_rows_of(const Tiles& t, index_t rows) {
+  if constexpr (Tiles::pairs)
+    if (t.panels) return std::clamp<index_t>(arch::native::product_slab_rows(), 1, max_slab_rows);
+  return rows;
+}
+
+/// The keys of a prepared key tile (from its first on) that the slab [r0, r0 + n) of `rows`
+/// computes: up to the last its rows see, rounded up to whole pairs of 16 (32 keys), so that
+/// a diagonal panel costs a slab its band, not the whole panel. The keys left out are masked
+/// for every row of the slab (P = 0), and a product's sum over whole pairs of 16 that are
+/// zero adds exact zeros: the same bits as the whole tile.
+template <class Mods, class Op>
+index_t slab_keys(const Mods& mods, const ops::PackedRows& rows, index_t r0, index_t n, index_t col0,
+                  const ops::PreparedOperand<Op>& k) {
+  const bool one_head = r0 / rows.positions == (r0 + n - 1) / rows.positions;
+  const index_t last = one_head ? rows.position(r0 + n - 1) : rows.position0 + rows.positions - 1;
+  const index_t seen = mods.window().end(last) - col0;  // keys [col0, col0 + seen) at most
+  return std::clamp<index_t>((seen + 31) / 32 * 32, 0, k.cols);
+}
+template <class Mods, class KeyOperand>
+index_t slab_keys(const Mods&, const ops::PackedRows&, index_t, index_t, index_t, const KeyOperand& k) {
+  return -1;  // all of them
+}
+
+/// One slab of a key tile's work: the packed rows [first_row + r0, first_row + r0 + n) of
+/// the tiles, `rows` describing those from first_row on. Scores, probabilities and their
+/// pairs use the first n rows of S and P (the slab's, hot in cache for the next step).
 template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
-void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
-                     const Mods& mods, const ops::PackedRows& rows, index_t first_row, index_t col0,
-                     int& values_finite, Io& io) {
-  if (rows.count() == 0) return;
-  const auto q = t.q.slice_rows(first_row, rows.count());
-  Tile<float> o = t.o.slice_rows(first_row, rows.count());
-  Tile<float> s = t.s.slice_rows(first_row, rows.count());
-  ops::RowStats stats = t.stats.slice(first_row, rows.count());
-  detail::scores(s, q, k);                                         // (rows, Bc) raw scores
+void attend_slab(Tiles& t, const KeyOperand& k_tile, const ValueOperand& v_tile, const TileScalesRef& scales,
+                 const Mods& mods, const ops::PackedRows& rows, index_t first_row, index_t r0, index_t n,
+                 index_t col0, int& values_finite, Io& io) {
+  const index_t keys = slab_keys(mods, rows, r0, n, col0, k_tile);
+  if (keys == 0) return;  // no row of the slab sees a key of the tile
+  const auto k = [&] {
+    if constexpr (std::is_same_v<KeyOperand, ops::PreparedOperand<bf16x2>>) return k_tile.columns(keys);
+    else return k_tile;
+  }();
+  const auto v = [&] {
+    if constexpr (std::is_same_v<ValueOperand, ops::PreparedOperand<bf16x2>>) return v_tile.leading((keys + 1) / 2);
+    else return v_tile;
+  }();
+  const auto q = t.q.slice_rows(first_row + r0, n);
+  Tile<float> o = t.o.slice_rows(first_row + r0, n);
+  Tile<float> s = t.s.slice_rows(0, n);
+  ops::RowStats stats = t.stats.slice(first_row + r0, n);
+  detail::scores(s, q, k);                                         // (n, Bc) raw scores
   if (scales.k) ops::scale_columns(s, scales.k);                   // 8-bit K: q . k * scale
-  mods.apply(s, rows, col0, io);                                   // softcap, biases, masks
+  detail::for_head_pieces(rows, r0, n, [&](index_t first, const ops::PackedRows& piece) {
+    Tile<float> s_piece = s.slice_rows(first, piece.count());
+    mods.apply(s_piece, piece, col0, io);                          // softcap, biases, masks
+  });
+  const auto& values = ops::values_of(v);
   if (values_finite < 0)                                           // after Q K^T: V has arrived
-    values_finite = ops::all_finite(v) && (!scales.v || arch::native::all_finite(scales.v, s.cols()));
+    values_finite = ops::all_finite(values) && (!scales.v || arch::native::all_finite(scales.v, s.cols()));
   if (values_finite && scales.v) {                                 // 8-bit V: P scaled per key
-    ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (rows, Bc)
+    ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (n, Bc)
     ops::scale_columns(s, scales.v);
     if constexpr (Tiles::pairs) {
-      auto p = t.p.slice_rows(first_row, rows.count());
+      auto p = t.p.slice_rows(0, n);
       ops::round_to_pairs(p, s);
       ops::matmul_accumulate(o, p, v);
     } else {
@@ -195,16 +249,30 @@ void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const
     }
   } else if (values_finite) {
     if constexpr (Tiles::pairs) {
-      auto p = t.p.slice_rows(first_row, rows.count());
+      auto p = t.p.slice_rows(0, n);
       ops::online_softmax_step(s, stats, o, mods.to_log2(), &p);   // p := P in bf16, as on GPUs
-      ops::matmul_accumulate(o, p, v);                             // (rows, dv)
+      ops::matmul_accumulate(o, p, v);                             // (n, dv)
     } else {
-      ops::online_softmax_step(s, stats, o, mods.to_log2());       // s := P (rows, Bc)
-      ops::matmul_accumulate(o, s, v);                             // (rows, dv)
+      ops::online_softmax_step(s, stats, o, mods.to_log2());       // s := P (n, Bc)
+      ops::matmul_accumulate(o, s, v);                             // (n, dv)
     }
   } else {
-    ops::online_softmax_step_visible_values(s, stats, o, v, mods.to_log2(), scales.v);
+    ops::online_softmax_step_visible_values(s, stats, o, values, mods.to_log2(), scales.v);
   }
+}
+
+/// One key tile's work for the packed rows `rows`, which start at row first_row of the
+/// tiles, with K and V as tiles (k_t, v; prepared or not) or read in place (RowRefs), a
+/// slab of rows at a time (slab_rows_of). A V tile with an Inf or NaN takes the row-by-row
+/// path that never multiplies it by the zero probability of a masked key; values_finite
+/// (-1: not yet known) is checked once per tile, after the first Q K^T.
+template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
+void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
+                     const Mods& mods, const ops::PackedRows& rows, index_t first_row, index_t col0,
+                     int& values_finite, Io& io) {
+  const index_t count = rows.count(), slab = slab_rows_of(t, count);
+  for (index_t r0 = 0; r0 < count; r0 += slab)
+    attend_slab(t, k, v, scales, mods, rows, first_row, r0, std::min(slab, count - r0), col0, values_finite, io);
 }
 
 /// Every packed row's work on one key tile, or, where the window (or a block mask's empty
@@ -291,6 +359,7 @@ void forward_query_block(const ForwardParams<T, KV>& p, const TilePlan& plan, co
   start_query_block(p, blk, t, io);
   const index_t bc = plan.key_tile_rows;
   const KeyRange keys = key_range(blk, mods, bc);
+  [[maybe_unused]] ops::ProductScope products;  // (AMX: one tile configuration for the item)
   attend_packed(t, k, v, scales, mods, blk.rows, keys.col_begin, keys.key_end, bc, io);
   finish_query_block(p, blk, t, io);
 }
@@ -404,6 +473,13 @@ void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scal
       prefetch_rows(k, next, std::min(bc, key_end - next));
       prefetch_rows(v, next, std::min(bc, key_end - next));
     }
+    if constexpr (ForwardTiles<Op>::pairs) {
+      if (t.panels) {  // K^T and V as the products read them, once for all slabs
+        attend_visible_rows(t, ops::prepare_operand(t.k_t, t.k_packed.data()),
+                            ops::prepare_operand(t.v, t.v_packed.data()), tile_scales, mods, rows, col0, cols, io);
+        continue;
+      }
+    }
     attend_visible_rows(t, t.k_t, t.v, tile_scales, mods, rows, col0, cols, io);
   }
 }
@@ -499,7 +575,7 @@ IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const 
     } else {
       with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
         auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
-                                             plan.key_tile_rows, p.head_dim(), p.head_dim_v());
+                                             plan.key_tile_rows, p.head_dim(), p.head_dim_v(), plan.panels);
         forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
       });
     }

@@ -31,6 +31,14 @@ template <class Op>
 inline constexpr TileOperands tile_operands_v =
     std::is_same_v<Op, bf16x2> ? TileOperands::bf16_pairs : TileOperands::fp32;
 
+/// Op's tile operands in this process: bf16 pairs in panels where the micro-kernel set
+/// multiplies prepared operands by slabs (arch/prepared_pairs.hpp: AMX tiles in use).
+template <class Op>
+TileOperands tile_operands_here() {
+  if (std::is_same_v<Op, bf16x2> && arch::native::product_slab_rows() > 0) return TileOperands::bf16_panels;
+  return tile_operands_v<Op>;
+}
+
 /// f(std::type_identity<Op>{}) for T's operand type Op (tile_operand_t<T>, or its run-time
 /// choice under dispatch: bf16 pairs where the running set multiplies them).
 template <class T, class F>
@@ -47,7 +55,7 @@ decltype(auto) with_tile_operand(F&& f) {
 /// tile_operands_v of T's operand type in this process.
 template <class T>
 TileOperands tile_operands_for() {
-  return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_v<Op>; });
+  return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_here<Op>(); });
 }
 
 /// The [len, head_dim] matrix of one head of one sequence.

@@ -4,15 +4,21 @@
 // the kernels carve them from it, so that the working set planned is the one carved.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <type_traits>
 
+#include "tileattn/arch/prepared_pairs.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/ops/online_softmax.hpp"
 
 namespace tileattn::kernels {
+
+/// The most rows of a slab (ops on bf16 panels, kernels/tile_plan.hpp's TileOperands): S and
+/// P hold this many rows there.
+inline constexpr index_t max_slab_rows = 64;
 
 /// Operand columns that hold n values (pairs hold two).
 template <class Op>
@@ -34,26 +40,37 @@ struct ForwardTiles {
   Tile<float> o;          // (Br, dv) output accumulator
   ops::RowStats stats;    // (Br) running max and sum
   TileVector<float> lse;  // (Br)
+  TileVector<Op> k_packed, v_packed;  // K^T and V as the products read them (panels only;
+                                      // arch/prepared_pairs.hpp)
+  bool panels = false;                // bf16 panels: S and P hold one slab of rows
 
   /// The scratch pieces, in carving order: footprint() counts them (the planner's
   /// forward_working_set_bytes) and carve() carves them.
   template <class Piece>
-  constexpr void pieces(Piece& piece, index_t br, index_t bc, index_t d, index_t dv) {
+  constexpr void pieces(Piece& piece, index_t br, index_t bc, index_t d, index_t dv, bool in_panels = false) {
+    const index_t score_rows = in_panels ? std::min(br, max_slab_rows) : br;
     piece(q, br, operand_cols<Op>(d));
     piece(k_t, operand_cols<Op>(d), bc);
     piece(v, operand_cols<Op>(bc), dv);
-    piece(s, br, bc);
-    if constexpr (pairs) piece(p, br, operand_cols<Op>(bc));
+    piece(s, score_rows, bc);
+    if constexpr (pairs) piece(p, score_rows, operand_cols<Op>(bc));
     piece(o, br, dv);
     stats.pieces(piece, br);
     piece(lse, br);
+    if (pairs && in_panels) {
+      piece(k_packed, arch::prepared_pairs_capacity(operand_cols<Op>(d), bc));
+      piece(v_packed, arch::prepared_pairs_capacity(operand_cols<Op>(bc), dv));
+    }
   }
-  static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv) {
-    return pieces_bytes<ForwardTiles>(br, bc, d, dv);
+  static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv, bool in_panels = false) {
+    return pieces_bytes<ForwardTiles>(br, bc, d, dv, in_panels);
   }
-  /// For br packed query rows (TilePlan::packed_rows) and bc keys.
-  static ForwardTiles carve(ScratchArena& arena, index_t br, index_t bc, index_t d, index_t dv) {
-    return carve_pieces<ForwardTiles>(arena, br, bc, d, dv);
+  /// For br packed query rows (TilePlan::packed_rows) and bc keys, in panels or not.
+  static ForwardTiles carve(ScratchArena& arena, index_t br, index_t bc, index_t d, index_t dv,
+                            bool in_panels = false) {
+    ForwardTiles t = carve_pieces<ForwardTiles>(arena, br, bc, d, dv, in_panels);
+    t.panels = pairs && in_panels;
+    return t;
   }
 };
 

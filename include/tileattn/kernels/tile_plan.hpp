@@ -26,6 +26,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <string>
 
@@ -42,6 +43,7 @@ struct TilePlan {
   index_t heads_per_tile = 1;   // query heads of one K/V group packed into a tile (Hc)
   std::size_t sram_budget_bytes = 0;
   std::size_t working_set_bytes = 0;
+  bool panels = false;          // planned for TileOperands::bf16_panels
 
   /// Rows of the packed query, score and output tiles (Br).
   index_t packed_rows() const { return query_tile_rows * heads_per_tile; }
@@ -54,8 +56,15 @@ struct TilePlan {
 };
 
 /// How the kernel holds its operand tiles: float, or bf16 pairs (the bf16 dot-product
-/// micro-kernels': Q, K^T, V and P in 2 bytes per value, plus a bf16 copy of P).
-enum class TileOperands { fp32, bf16_pairs };
+/// micro-kernels': Q, K^T, V and P in 2 bytes per value, plus a bf16 copy of P), or bf16
+/// pairs in panels (where the micro-kernel set multiplies prepared operands a slab of rows
+/// at a time, arch/prepared_pairs.hpp: AMX): key tiles (panels) of up to
+/// detail::panel_keys keys, K^T and V also held as the products read them, and S and P for
+/// one slab of at most max_slab_rows rows instead of all Br.
+enum class TileOperands { fp32, bf16_pairs, bf16_panels };
+
+/// Whether the operands are bf16 pairs (in panels or not).
+constexpr bool pair_operands(TileOperands o) { return o != TileOperands::fp32; }
 
 /// What the planner needs to know of a call.
 struct PlanShape {
@@ -77,18 +86,25 @@ inline constexpr index_t query_tile_granule = 8;  // rows of the micro-kernels' 
 inline constexpr index_t min_streamed_keys = 64;  // shorter score rows slow the micro-kernels
 inline constexpr index_t items_per_worker = 4;    // enough to even out unequal items
 inline constexpr index_t min_split_rows = 64;     // splitting for parallelism stops here
+/// bf16 panels: the keys of a panel (a key tile, Bc) where the rows fit. Tests and benchmarks
+/// change it.
+inline std::atomic<index_t> panel_keys{512};
+/// bf16 panels: rows a panel needs at least, else the planner falls back to the search below.
+inline constexpr index_t min_panel_rows = 256;
 }  // namespace detail
 
 /// Bytes the forward kernel carves for br packed query rows and bc keys: Q (br x d),
 /// O (br x dv), K^T (d x bc), V (bc x dv), S (br x bc), and three per-row vectors (max,
 /// sum, lse); with bf16 pair operands Q, K^T and V take half the bytes (pairs along d for
-/// Q and K^T, along keys for V) and P adds a bf16 copy of S (br x bc). Counted from the
+/// Q and K^T, along keys for V) and P adds a bf16 copy of S (br x bc); in panels S and P
+/// hold one slab of rows, and K^T and V a second time as packed copies. Counted from the
 /// kernel's own tile list (kernels::ForwardTiles).
 constexpr std::size_t forward_working_set_bytes(index_t br, index_t bc, index_t head_dim,
                                                 index_t head_dim_v,
                                                 TileOperands operands = TileOperands::fp32) {
-  return operands == TileOperands::bf16_pairs
-             ? kernels::ForwardTiles<bf16x2>::footprint(br, bc, head_dim, head_dim_v)
+  return pair_operands(operands)
+             ? kernels::ForwardTiles<bf16x2>::footprint(br, bc, head_dim, head_dim_v,
+                                                         operands == TileOperands::bf16_panels)
              : kernels::ForwardTiles<float>::footprint(br, bc, head_dim, head_dim_v);
 }
 
@@ -107,11 +123,16 @@ constexpr index_t rows_that_fit(index_t bc, index_t d, index_t dv, std::size_t b
   using F = Tile<float>;
   using P = Tile<bf16x2>;
   const auto float_lds = static_cast<std::size_t>(F::leading_dim(dv) + F::leading_dim(bc) + 3);  // + max, sum, lse
-  const auto operand_bytes = operands == TileOperands::bf16_pairs
-      ? static_cast<std::size_t>(P::leading_dim((d + 1) / 2) + P::leading_dim((bc + 1) / 2)) * sizeof(bf16x2)
+  const bool panels = operands == TileOperands::bf16_panels;  // S and P: one slab, in `fixed`
+  const auto operand_bytes = pair_operands(operands)
+      ? static_cast<std::size_t>(P::leading_dim((d + 1) / 2) + (panels ? 0 : P::leading_dim((bc + 1) / 2))) *
+            sizeof(bf16x2)
       : static_cast<std::size_t>(F::leading_dim(d)) * sizeof(float);
-  const std::size_t per_row = float_lds * sizeof(float) + operand_bytes;  // a lower bound:
-  auto rows = static_cast<index_t>((budget - fixed) / per_row);  // at most a few rows too many:
+  const std::size_t per_row = (float_lds - (panels ? F::leading_dim(bc) : 0)) * sizeof(float) + operand_bytes;
+  const std::size_t slab = panels ? forward_working_set_bytes(kernels::max_slab_rows, bc, d, dv, operands) : 0;
+  auto rows = panels && budget >= slab  // a lower bound per row: at most a few rows too many
+                  ? kernels::max_slab_rows + static_cast<index_t>((budget - slab) / per_row)
+                  : static_cast<index_t>((budget - fixed) / per_row);
   while (forward_working_set_bytes(rows, bc, d, dv, operands) > budget) --rows;  // vectors round to lines
   return rows;
 }
@@ -162,16 +183,22 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   using namespace detail;
   const index_t d = shape.head_dim, dv = shape.value_dim();
   const index_t nq = std::max<index_t>(shape.seqlen_q, 1), nk = std::max<index_t>(shape.seqlen_k, 1);
-  const std::size_t element_bytes = shape.operands == TileOperands::bf16_pairs ? 2 : sizeof(float);
+  const std::size_t element_bytes = pair_operands(shape.operands) ? 2 : sizeof(float);
   const auto elements = static_cast<index_t>(budget / element_bytes);  // M in the rule
   const index_t bc_rule = std::min(std::max<index_t>(1, ceil_div(elements, 2 * (d + dv))), d);
   const index_t fast = std::min(nk, min_streamed_keys);
   PlanShape s = shape;
   s.group_size = std::max<index_t>(shape.group_size, 1);
-  const Packing best = rows_that_fit(fast, d, dv, budget, shape.operands) > 0
-                           ? search_key_tiles(std::max(fast, std::min(nk, bc_rule)),
-                                              std::min(fast, bc_rule), s, nq, budget)
-                           : search_key_tiles(fast - 1, 1, s, nq, budget);  // empty when fast == 1
+  Packing best;
+  if (shape.operands == TileOperands::bf16_panels) {  // one panel of up to panel_keys keys where it fits
+    const index_t panel = std::min(panel_keys.load(std::memory_order_relaxed), ceil_div(nk, key_tile_granule) * key_tile_granule);
+    const index_t rows = rows_that_fit(panel, d, dv, budget, shape.operands);
+    if (rows >= std::min(nq * s.group_size, min_panel_rows)) best = best_packing(rows, panel, nq, s.group_size);
+  }
+  if (best.items == 0)
+    best = rows_that_fit(fast, d, dv, budget, shape.operands) > 0
+               ? search_key_tiles(std::max(fast, std::min(nk, bc_rule)), std::min(fast, bc_rule), s, nq, budget)
+               : search_key_tiles(fast - 1, 1, s, nq, budget);  // empty when fast == 1
   if (best.items == 0)
     throw budget_error("sram_budget_bytes",
                        std::to_string(budget) + " bytes cannot hold even 1 x 1 tiles at head_dim " +
@@ -189,8 +216,8 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   const index_t rounded = ceil_div(positions, query_tile_granule) * query_tile_granule;
   if (rounded < nq && rounded <= best.positions) positions = rounded;
   const index_t rows = positions * best.heads;
-  return {positions, best.bc, best.heads, budget,
-          forward_working_set_bytes(rows, best.bc, d, dv, shape.operands)};
+  return {positions, best.bc, best.heads, budget, forward_working_set_bytes(rows, best.bc, d, dv, shape.operands),
+          shape.operands == TileOperands::bf16_panels};
 }
 
 }  // namespace tileattn

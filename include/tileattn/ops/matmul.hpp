@@ -57,6 +57,59 @@ void matmul_accumulate_tn(TileC& c, const TileA& a_t, const TileB& b) {
                                  c.data(), c.ld());
 }
 
+/// A tile that is the B operand of many row slabs' products (a key tile's K^T or V),
+/// prepared once by the micro-kernel set (arch/prepared_pairs.hpp): bf16 pair tiles packed
+/// into `buffer` where the set multiplies faster from its own layout, else read in place.
+/// `tile` stays the operand's values (the finite check and the row-by-row path read it).
+/// rows and cols: the part a product multiplies, from the first row and column on (a slab
+/// that sees only the first keys of a key tile: leading(), columns()).
+template <class Op>
+struct PreparedOperand {
+  const Tile<Op>* tile;
+  arch::PreparedPairs pairs;
+  index_t rows = tile->rows(), cols = tile->cols();
+
+  /// The first n columns (keys of K^T).
+  PreparedOperand columns(index_t n) const { return {tile, pairs, rows, n}; }
+  /// The first n rows (pairs of keys of V).
+  PreparedOperand leading(index_t n) const { return {tile, pairs, n, cols}; }
+};
+
+/// b prepared for many products; buffer holds arch::prepared_pairs_capacity(b.rows(), b.cols()) pairs.
+inline PreparedOperand<bf16x2> prepare_operand(const Tile<bf16x2>& b, bf16x2* buffer) {
+  return {&b, arch::native::prepare_pairs(b.rows(), b.cols(), b.data(), b.ld(), buffer)};
+}
+
+/// The operand's values: the tile itself, or the tile a prepared operand was made from.
+template <class AnyTile>
+const AnyTile& values_of(const AnyTile& b) { return b; }
+template <class Op>
+const Tile<Op>& values_of(const PreparedOperand<Op>& b) { return *b.tile; }
+
+/// c = a * b with b prepared; c's extent becomes a.rows() x b's columns.
+template <class TileC, class TileA>
+void matmul(TileC& c, const TileA& a, const PreparedOperand<bf16x2>& b) {
+  assert(a.cols() == b.rows);
+  c.set_extent(a.rows(), b.cols);
+  arch::native::gemm_prepared<false>(a.rows(), b.cols, a.cols(), a.data(), a.ld(), b.pairs, c.data(), c.ld());
+}
+
+/// c += a * b with b prepared.
+template <class TileC, class TileA>
+void matmul_accumulate(TileC& c, const TileA& a, const PreparedOperand<bf16x2>& b) {
+  assert(a.cols() == b.rows && c.rows() == a.rows() && c.cols() == b.cols);
+  arch::native::gemm_prepared<true>(a.rows(), b.cols, a.cols(), a.data(), a.ld(), b.pairs, c.data(), c.ld());
+}
+
+/// Brackets a work item's products (arch::native::begin_products / end_products: on AMX,
+/// one tile configuration for all of them).
+struct ProductScope {
+  ProductScope() { arch::native::begin_products(); }
+  ~ProductScope() { arch::native::end_products(); }
+  ProductScope(const ProductScope&) = delete;
+  ProductScope& operator=(const ProductScope&) = delete;
+};
+
 namespace detail {
 /// c[i] += sum over p of a_at(i, p) * b[p], skipping the terms hidden(i, v) names (v: the
 /// value's index along the summed dimension), p in order; for bf16 pairs each pair's high
