@@ -9,11 +9,16 @@
 // bf16 products run on AMX tiles here.
 // Inputs are N(0, 1) from a fixed seed, rounded to the type; O is the type, no LSE. The fp32
 // line is the same as before the type argument; the others name their type after the threads.
+// BATCH=b (default 1) times b sequences of N. SLABS="0 32 64" and PANELS="128 512" (headers
+// with AMX panels, arch/prepared_pairs.hpp) time each AMX slab height and panel width in turn
+// within every repeat, one line each ("slab 0": no panels, the whole tile at once), so their
+// ratios come from one run.
 #include <tileattn/tileattn.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,29 +30,66 @@
 #define TIMER_HAS_CEILINGS 1
 #endif
 
+#if defined(TILEATTN_HAS_AMX_KERNELS) && __has_include(<tileattn/arch/prepared_pairs.hpp>)
+#define TIMER_HAS_SLABS 1
+#endif
+
+/// The numbers in environment variable `name` (AMX slab heights, panel widths), or one entry,
+/// -1: the headers' default.
+std::vector<long> settings(const char* name) {
+  std::vector<long> out;
+#if TIMER_HAS_SLABS
+  if (const char* e = std::getenv(name))
+    for (char* p = const_cast<char*>(e); *p;) {
+      char* end = p;
+      const long v = std::strtol(p, &end, 10);
+      if (end == p) break;
+      out.push_back(v);
+      p = end;
+    }
+#endif
+  if (out.empty()) out.push_back(-1);
+  return out;
+}
+
 template <class T, class Round>
 int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, int repeats, const char* type,
                  Round round) {
   using namespace tileattn;
-  std::vector<T> q(n * hq * d), k(n * hkv * d), v(n * hkv * d), o(q.size());
+  const long batch = std::getenv("BATCH") ? std::max(1L, atol(std::getenv("BATCH"))) : 1;
+  std::vector<T> q(batch * n * hq * d), k(batch * n * hkv * d), v(batch * n * hkv * d), o(q.size());
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   for (auto* x : {&q, &k, &v}) for (T& e : *x) e = round(nd(rng));
   ForwardOptions opts;
   opts.causal = causal;
   opts.execution = {Backend::openmp, threads};
-  std::vector<double> s;
-  for (int r = 0; r <= repeats; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    forward(make_bshd<const T>(q.data(), 1, n, hq, d), make_bshd<const T>(k.data(), 1, n, hkv, d),
-            make_bshd<const T>(v.data(), 1, n, hkv, d), make_bshd(o.data(), 1, n, hq, d), opts);
-    if (r > 0) s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::vector<std::pair<long, long>> runs;  // (slab, panel)
+  for (const long slab : settings("SLABS"))
+    for (const long panel : settings("PANELS")) runs.push_back({slab, panel});
+  std::vector<std::vector<double>> s(runs.size());
+  for (int r = 0; r <= repeats; ++r)
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+#if TIMER_HAS_SLABS
+      arch::amx::slab_rows = runs[i].first < 0 ? 32 : runs[i].first;
+      tileattn::detail::panel_keys = runs[i].second < 0 ? 512 : runs[i].second;
+#endif
+      const auto t0 = std::chrono::steady_clock::now();
+      forward(make_bshd<const T>(q.data(), batch, n, hq, d), make_bshd<const T>(k.data(), batch, n, hkv, d),
+              make_bshd<const T>(v.data(), batch, n, hkv, d), make_bshd(o.data(), batch, n, hq, d), opts);
+      if (r > 0) s[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  const double flops = 4.0 * batch * hq * n * n * d / (causal ? 2 : 1);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    std::sort(s[i].begin(), s[i].end());
+    char tag[64] = "";
+    if (batch > 1) std::snprintf(tag, sizeof tag, " B %ld", batch);
+    if (runs[i].first >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " slab %ld", runs[i].first);
+    if (runs[i].second >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " panel %ld", runs[i].second);
+    std::printf("N %ld d %ld H %ld/%ld %s threads %2d%s%s%s: GFLOP/s median %7.1f min %7.1f max %7.1f\n", n, d, hq,
+                hkv, causal ? "causal" : "full  ", threads, *type ? " " : "", type, tag,
+                flops / s[i][s[i].size() / 2] * 1e-9, flops / s[i].back() * 1e-9, flops / s[i].front() * 1e-9);
   }
-  std::sort(s.begin(), s.end());
-  const double flops = 4.0 * hq * n * n * d / (causal ? 2 : 1);
-  std::printf("N %ld d %ld H %ld/%ld %s threads %2d%s%s: GFLOP/s median %7.1f min %7.1f max %7.1f\n", n, d, hq, hkv,
-              causal ? "causal" : "full  ", threads, *type ? " " : "", type, flops / s[s.size() / 2] * 1e-9,
-              flops / s.back() * 1e-9, flops / s.front() * 1e-9);
   return 0;
 }
 
