@@ -71,7 +71,7 @@ int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, in
   for (int r = 0; r <= repeats; ++r)
     for (std::size_t i = 0; i < runs.size(); ++i) {
 #if TIMER_HAS_SLABS
-      arch::amx::slab_rows = runs[i].first < 0 ? 32 : runs[i].first;
+      arch::amx::slab_rows = runs[i].first < 0 ? 64 : runs[i].first;
       tileattn::detail::panel_keys = runs[i].second < 0 ? 512 : runs[i].second;
 #endif
       const auto t0 = std::chrono::steady_clock::now();

@@ -486,7 +486,7 @@ void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b, 
 
 /// Rows per slab where the pairs run on AMX tiles (0: all rows at once, as elsewhere).
 /// Tests and benchmarks change it to compare both schedules; the results are the same bits.
-inline std::atomic<index_t> slab_rows{32};
+inline std::atomic<index_t> slab_rows{64};
 
 /// Where the tiles are in use: B packed into buffer in whole 16 x 16 tiles, once for every
 /// slab; else B itself (vdpbf16ps reads it in place).
