@@ -305,3 +305,41 @@ void forward_paged_varlen(const PagedPlan& plan, const PackedView<Q>& q, const T
 }
 
 }  // namespace tileattn
+
+// The explicit instantiations of the paged forward (forward.hpp says how they are used):
+// the checks, the plan and the kernels of the forward_paged / forward_paged_varlen /
+// plan_forward_paged(_varlen) calls with Q and O in T and the page pools in KV.
+#define TILEATTN_INSTANTIATE_PAGED(KEYWORD, T, KV)                                                         \
+  KEYWORD template tileattn::detail::PagedCall<T, KV> tileattn::detail::paged_call<T, KV>(                \
+      tileattn::TensorView<const T>, std::span<const std::int32_t>, tileattn::TensorView<const KV>,      \
+      tileattn::TensorView<const KV>, tileattn::BlockTableView, std::span<const std::int32_t>,           \
+      tileattn::TensorView<T>, tileattn::LseView, const tileattn::PagedOptions&);                        \
+  KEYWORD template tileattn::detail::PagedCall<T, KV> tileattn::detail::paged_varlen_call<T, KV>(         \
+      const tileattn::PackedView<const T>&, std::span<const std::int32_t>,                              \
+      const tileattn::TensorView<const KV>&, const tileattn::TensorView<const KV>&,                      \
+      tileattn::BlockTableView, std::span<const std::int32_t>, const tileattn::PackedView<T>&,           \
+      const tileattn::PackedLseView&, const tileattn::PagedOptions&);                                    \
+  KEYWORD template tileattn::PagedPlan tileattn::detail::make_paged_plan<T, KV>(                         \
+      const tileattn::ForwardParams<T, KV>&, tileattn::index_t, tileattn::index_t,                       \
+      const tileattn::PagedOptions&);                                                                    \
+  KEYWORD template void tileattn::detail::run_paged<T, KV>(tileattn::ForwardParams<T, KV>,               \
+                                                           const tileattn::PagedPlan&,                  \
+                                                           const tileattn::PagedOptions&);
+
+// The combinations tileattn::instantiations compiles (src/instantiations_paged.cpp): those
+// that several of this project's translation units call, in the Release build and the
+// sanitizer builds (float over float, int8, fp8_e4m3 and fp8_e5m2 pools; bf16 over bf16).
+// The others (fp16 pools, bf16 Q over 8-bit pools) each have one caller in a build, or
+// none in most: compiled once in the library they would cost every build that links it
+// (TSan's, the fuzzers') more than they save. A call with another combination compiles
+// its own copy, as without the library.
+#define TILEATTN_INSTANTIATE_PAGED_COMMON(KEYWORD)                   \
+  TILEATTN_INSTANTIATE_PAGED(KEYWORD, float, float)                  \
+  TILEATTN_INSTANTIATE_PAGED(KEYWORD, float, std::int8_t)            \
+  TILEATTN_INSTANTIATE_PAGED(KEYWORD, float, tileattn::fp8_e4m3)     \
+  TILEATTN_INSTANTIATE_PAGED(KEYWORD, float, tileattn::fp8_e5m2)     \
+  TILEATTN_INSTANTIATE_PAGED(KEYWORD, tileattn::bf16, tileattn::bf16)
+
+#if defined(TILEATTN_EXTERN_TEMPLATES)
+TILEATTN_INSTANTIATE_PAGED_COMMON(extern)
+#endif

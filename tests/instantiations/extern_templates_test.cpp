@@ -1,7 +1,8 @@
 // tests/instantiations/extern_templates_test.cpp: forward and forward_varlen in float, bf16
-// and fp16 from a TU that sees them as extern templates (TILEATTN_EXTERN_TEMPLATES, set by
-// linking tileattn::instantiations): the calls link to the library's instantiations and
-// agree with the double reference.
+// and fp16, and forward_paged (float over float and fp8 pools, bf16 over bf16), from a TU
+// that sees them as extern templates (TILEATTN_EXTERN_TEMPLATES, set by linking
+// tileattn::instantiations): the calls link to the library's instantiations and agree with
+// the double reference (the paged ones with the contiguous forward).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -67,6 +68,47 @@ TYPED_TEST(ExternTemplates, ForwardAndVarlenMatchTheReference) {
   for (index_t hh = 0; hh < h; ++hh)
     for (index_t c = 0; c < d; ++c)
       EXPECT_EQ(to_float(o_varlen[(20 * h + hh) * d + c]), to_float(v[(20 * h + hh) * d + c]));
+}
+
+/// forward_paged over one sequence in shuffled pages (Q in T, pools in KV) against the
+/// contiguous forward of the same rows in T (an 8-bit value converts to float exactly): both
+/// the library's instantiations, so this TU compiles no kernel.
+template <class T, class KV>
+void paged_matches_contiguous(double tol) {
+  const index_t n = 45, page = 8, pages = 6, h = 2, d = 16, q_len = 3;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<T> q(q_len * h * d), o(q.size()), o_paged(q.size()), k(n * h * d), v(k.size());
+  std::vector<KV> k_pool(pages * page * h * d), v_pool(k_pool.size());
+  for (T& x : q) x = T(normal(rng));
+  const std::vector<std::int32_t> table{4, 1, 5, 0, 3, 2}, seqlens{static_cast<std::int32_t>(n)};
+  for (index_t r = 0; r < n; ++r)
+    for (index_t c = 0; c < h * d; ++c) {
+      const auto at = static_cast<std::size_t>((table[static_cast<std::size_t>(r / page)] * page + r % page) * h * d + c);
+      const auto row = static_cast<std::size_t>(r * h * d + c);
+      k_pool[at] = KV(normal(rng));
+      v_pool[at] = KV(normal(rng));
+      k[row] = T(static_cast<float>(k_pool[at]));
+      v[row] = T(static_cast<float>(v_pool[at]));
+    }
+  PagedOptions opts;
+  opts.causal = true;
+  opts.num_splits = 2;
+  forward(make_bshd<const T>(q.data(), 1, q_len, h, d), make_bshd<const T>(k.data(), 1, n, h, d),
+          make_bshd<const T>(v.data(), 1, n, h, d), make_bshd(o.data(), 1, q_len, h, d), opts);
+  forward_paged(make_bshd<const T>(q.data(), 1, q_len, h, d), make_bshd<const KV>(k_pool.data(), pages, page, h, d),
+                make_bshd<const KV>(v_pool.data(), pages, page, h, d), make_block_table(table.data(), 1, pages),
+                seqlens, make_bshd(o_paged.data(), 1, q_len, h, d), opts);
+  double worst = 0;
+  for (std::size_t i = 0; i < o.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(to_float(o[i]) - to_float(o_paged[i]))));
+  EXPECT_LE(worst, tol);
+}
+
+TEST(ExternTemplatesPaged, MatchesTheContiguousForward) {
+  paged_matches_contiguous<float, float>(1e-5);
+  paged_matches_contiguous<float, fp8_e4m3>(1e-5);
+  paged_matches_contiguous<bf16, bf16>(1e-2);
 }
 
 }  // namespace
