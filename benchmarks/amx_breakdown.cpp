@@ -127,6 +127,38 @@ int main(int argc, char** argv) {
     else if (s.accumulate) report<true, false>(s, amx_peak);
     else report<false, false>(s, amx_peak);
   }
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+  if (tileattn::arch::amx::tiles_in_use()) {  // the panel schedule's products: one 64-row slab of a 512-key panel, d 128
+    namespace amx = tileattn::arch::amx;
+    constexpr index_t slab = 64, panel = 512, dp = 64, dv = 128;
+    const auto q = pairs(slab * dp), k_t = pairs(dp * panel), v = pairs(panel / 2 * dv), p = pairs(slab * panel / 2);
+    std::vector<float> s(slab * panel), o(slab * dv, 0.5f);
+    auto* kp = static_cast<bf16x2*>(std::aligned_alloc(64, dp * panel * sizeof(bf16x2)));
+    auto* vp = static_cast<bf16x2*>(std::aligned_alloc(64, panel / 2 * dv * sizeof(bf16x2)));
+    tileattn::arch::PreparedPairs kpp{}, vpp{};
+    const double pack = best_seconds([&] {
+      kpp = amx::prepare_pairs(dp, panel, k_t.data(), panel, kp);
+      vpp = amx::prepare_pairs(panel / 2, dv, v.data(), dv, vp);
+    }, 200);
+    std::printf("  panel of 512 keys, d 128: packing K^T and V %.2f us (%.3f ns per score over a 1024-row query tile)\n",
+                pack * 1e6, pack * 1e9 / (1024.0 * panel));
+    for (const bool by_columns : {true, false}) {
+      amx::detail::columns_outer = by_columns;
+      amx::begin_products();
+      const double qk = best_seconds([&] { amx::gemm_prepared<false>(slab, panel, dp, q.data(), dp, kpp, s.data(), panel); }, 2000);
+      const double pv = best_seconds([&] { amx::gemm_prepared<true>(slab, dv, panel / 2, p.data(), panel / 2, vpp, o.data(), dv); }, 2000);
+      amx::end_products();
+      const double flops = 4.0 * slab * panel * dp;
+      std::printf("  slab 64 x panel 512 (%s where C is wider than K is deep): S = Q K^T %.1f GFLOP/s (%.1f%% of the loop), O += P V %.1f (%.1f%%); "
+                  "%.3f ns per score for both\n", by_columns ? "columns outer" : "rows outer", flops / qk * 1e-9,
+                  100 * flops / qk * 1e-9 / amx_peak, flops / pv * 1e-9, 100 * flops / pv * 1e-9 / amx_peak,
+                  (qk + pv) * 1e9 / (slab * panel));
+    }
+    amx::detail::columns_outer = true;
+    std::free(kp);
+    std::free(vp);
+  }
+#endif
   {  // the softmax pass over one 128 x 512 score tile, writing bf16 pairs
     constexpr index_t rows = 128, cols = 512;
     std::vector<float> x(rows * cols), scale(rows, 0.18f), shift(rows, 0.5f), sums(rows);
