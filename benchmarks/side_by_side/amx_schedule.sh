@@ -3,6 +3,9 @@
 # process per shape (forward_timer's SLABS: each slab height in turn within every repeat), with
 # the AMX loop measured first at each thread count. For the Xeon (docs/performance.md).
 #   SLABS="0 32" PANELS="128 512" R=7 THREADS="1 2" bash benchmarks/side_by_side/amx_schedule.sh
+# PANELS 0: the micro-kernel set's panel (512 keys on AMX tiles); SLABS 0: no panels (the
+# schedule before issue 29). TORCH=1 adds PyTorch's SDPA on each shape right after (bf16,
+# the same BATCH and threads, benchmarks/side_by_side/torch_sdpa.py).
 # SHAPES: "B N d Hq Hkv causal" entries separated by ';'. THREADS: 1 runs pinned to core 2,
 # t > 1 to cores 0..t-1 (all cores unpinned).
 set -u
@@ -18,6 +21,7 @@ for t in ${THREADS:-1 2}; do
   IFS=';' read -ra list <<< "$SHAPES"
   for shape in "${list[@]}"; do
     read -r b n d hq hkv c <<< "$shape"
-    BATCH=$b SLABS="${SLABS:-0 32}" PANELS="${PANELS:-512}" $pin /tmp/tileattn_timer "$n" "$d" "$hq" "$hkv" "$c" "$t" "$R" bf16
+    BATCH=$b SLABS="${SLABS:-0 64}" PANELS="${PANELS:-0}" $pin /tmp/tileattn_timer "$n" "$d" "$hq" "$hkv" "$c" "$t" "$R" bf16
+    [ -n "${TORCH:-}" ] && BATCH=$b OMP_NUM_THREADS=$t $pin python3 benchmarks/side_by_side/torch_sdpa.py "$n" "$d" "$hq" "$hkv" "$c" "$t" "$R" bf16
   done
 done

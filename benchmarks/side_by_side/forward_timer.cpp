@@ -30,7 +30,7 @@
 #define TIMER_HAS_CEILINGS 1
 #endif
 
-#if defined(TILEATTN_HAS_AMX_KERNELS) && __has_include(<tileattn/arch/prepared_pairs.hpp>)
+#if __has_include(<tileattn/arch/prepared_pairs.hpp>)
 #define TIMER_HAS_SLABS 1
 #endif
 
@@ -71,8 +71,9 @@ int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, in
   for (int r = 0; r <= repeats; ++r)
     for (std::size_t i = 0; i < runs.size(); ++i) {
 #if TIMER_HAS_SLABS
-      arch::amx::slab_rows = runs[i].first < 0 ? 64 : runs[i].first;
-      tileattn::detail::panel_keys = runs[i].second < 0 ? 512 : runs[i].second;
+      arch::tile_slab_rows = runs[i].first < 0 ? 64 : runs[i].first;
+      arch::dot_product_slab_rows = runs[i].first < 0 ? 64 : runs[i].first;
+      tileattn::detail::panel_keys = runs[i].second < 0 ? 0 : runs[i].second;
 #endif
       const auto t0 = std::chrono::steady_clock::now();
       forward(make_bshd<const T>(q.data(), batch, n, hq, d), make_bshd<const T>(k.data(), batch, n, hkv, d),

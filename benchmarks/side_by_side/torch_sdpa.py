@@ -2,7 +2,8 @@
 # min and max GFLOP/s of R runs after one warm-up (the same count as tileattn's timer).
 #   python3 torch_sdpa.py N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16|fp16]
 # Inputs are N(0, 1) from a fixed seed (generated in float32), then cast to the type.
-import sys, time, torch
+# BATCH=b (default 1) times b sequences of N, as forward_timer does.
+import os, sys, time, torch
 if len(sys.argv) < 8:
     sys.exit("usage: torch_sdpa.py N D HEADS_Q HEADS_KV CAUSAL THREADS REPEATS [fp32|bf16|fp16]")
 n, d, hq, hkv, causal, threads, repeats = map(int, sys.argv[1:8])
@@ -13,10 +14,11 @@ if name not in dtypes:
     sys.exit(f"unknown type {name!r} (fp32, bf16 or fp16)")
 dtype = dtypes[name]
 torch.set_num_threads(threads)
+batch = max(1, int(os.environ.get("BATCH", "1")))
 g = torch.Generator().manual_seed(1)
-q = torch.randn(1, hq, n, d, generator=g).to(dtype)
-k = torch.randn(1, hkv, n, d, generator=g).to(dtype)
-v = torch.randn(1, hkv, n, d, generator=g).to(dtype)
+q = torch.randn(batch, hq, n, d, generator=g).to(dtype)
+k = torch.randn(batch, hkv, n, d, generator=g).to(dtype)
+v = torch.randn(batch, hkv, n, d, generator=g).to(dtype)
 kw = dict(is_causal=bool(causal), enable_gqa=hq != hkv)
 s = []
 with torch.no_grad():
@@ -26,6 +28,7 @@ with torch.no_grad():
         if r > 0:
             s.append(time.perf_counter() - t0)
 s.sort()
-flops = 4.0 * hq * n * n * d / (2 if causal else 1)
-print(f"torch {str(dtype)[6:]} N {n} d {d} H {hq}/{hkv} {'causal' if causal else 'full  '} threads {threads:2d}: "
+flops = 4.0 * batch * hq * n * n * d / (2 if causal else 1)
+print(f"torch {str(dtype)[6:]} N {n} d {d} H {hq}/{hkv} {'causal' if causal else 'full  '} threads {threads:2d}"
+      f"{f' B {batch}' if batch > 1 else ''}: "
       f"GFLOP/s median {flops / s[len(s) // 2] * 1e-9:7.1f} min {flops / s[-1] * 1e-9:7.1f} max {flops / s[0] * 1e-9:7.1f}")

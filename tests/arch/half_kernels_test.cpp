@@ -9,6 +9,8 @@
 // placed flush against an inaccessible page where the platform allows it, so a tail that
 // reads past the end of its input crashes the test; outputs have guards on both sides.
 #include <gtest/gtest.h>
+#include <cstdlib>
+#include <memory>
 
 #include <algorithm>
 #include <bit>
@@ -67,6 +69,15 @@ namespace {
       ns::round_to_pairs(x, dst, n);                                                           \
     }                                                                                          \
     static bool all_finite(const bf16x2* x, index_t n) { return ns::all_finite(x, n); }       \
+    static arch::PreparedPairs prepare_pairs(index_t k, index_t n, const bf16x2* b, index_t ldb, \
+                                             bf16x2* buffer) {                                 \
+      return ns::prepare_pairs(k, n, b, ldb, buffer);                                          \
+    }                                                                                          \
+    template <bool Accumulate>                                                                 \
+    static void gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,   \
+                              const arch::PreparedPairs& b, float* c, index_t ldc) {           \
+      ns::gemm_prepared<Accumulate>(m, n, k, a, lda, b, c, ldc);                               \
+    }                                                                                          \
     static void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n,             \
                                     const float* scale, const float* shift, float* sums,       \
                                     bf16x2* pairs, index_t ld_pairs) {                         \
@@ -548,6 +559,49 @@ TYPED_TEST(HalfKernels, PairGemmMatchesGenericBitwiseOnAwkwardShapes) {
         check_pair_gemm<TypeParam, true>(g, rng);
         if (::testing::Test::HasFatalFailure()) return;
       }
+}
+
+/// B prepared once (arch/prepared_pairs.hpp) serves the products of every leading part of it
+/// (a slab that sees only a panel's first keys: fewer columns of K^T, fewer pairs of V) with
+/// the bits of the gemm on that part of B itself.
+TYPED_TEST(HalfKernels, PreparedPairGemmGivesTheGemmsBitsForEveryLeadingPart) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd;
+  const auto pair = [&] {
+    bf16x2 p;
+    p.lo = bf16(nd(rng));
+    p.hi = bf16(nd(rng));
+    return p;
+  };
+  struct Shape {
+    index_t k, n;
+  };
+  for (const Shape full : {Shape{64, 512}, Shape{256, 128}, Shape{5, 17}, Shape{33, 100}, Shape{16, 64}}) {
+    const index_t ldb = full.n + 3;
+    std::vector<bf16x2> b(static_cast<std::size_t>(full.k * ldb));
+    for (auto& x : b) x = pair();
+    const auto capacity = static_cast<std::size_t>(arch::prepared_pairs_capacity(full.k, full.n));
+    std::unique_ptr<bf16x2[], decltype(&std::free)> buffer(
+        static_cast<bf16x2*>(std::aligned_alloc(64, capacity * sizeof(bf16x2))), &std::free);
+    const arch::PreparedPairs prepared = TypeParam::prepare_pairs(full.k, full.n, b.data(), ldb, buffer.get());
+    for (const Shape part : {full, Shape{full.k, std::max<index_t>(1, full.n / 2)}, Shape{std::max<index_t>(1, full.k / 2), full.n},
+                             Shape{std::min<index_t>(16, full.k), std::min<index_t>(32, full.n)}, Shape{1, 1},
+                             Shape{full.k, std::min<index_t>(64, full.n)}, Shape{full.k, std::min<index_t>(96, full.n)}})
+      for (const index_t m : {1, 7, 64}) {
+        SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(part.n) + " x " + std::to_string(part.k) + " of " +
+                     std::to_string(full.k) + " x " + std::to_string(full.n));
+        const index_t lda = part.k + 1, ldc = part.n + 2;
+        std::vector<bf16x2> a(static_cast<std::size_t>(m * lda));
+        for (auto& x : a) x = pair();
+        std::vector<float> want(static_cast<std::size_t>(m * ldc));
+        for (auto& x : want) x = nd(rng);
+        std::vector<float> got = want;
+        TypeParam::template gemm<true>(m, part.n, part.k, a.data(), lda, b.data(), ldb, want.data(), ldc);
+        TypeParam::template gemm_prepared<true>(m, part.n, part.k, a.data(), lda, prepared, got.data(), ldc);
+        for (std::size_t e = 0; e < got.size(); ++e)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(got[e]), std::bit_cast<std::uint32_t>(want[e])) << "element " << e;
+      }
+  }
 }
 
 TYPED_TEST(HalfKernels, PairGemmOfEmptyShapes) {

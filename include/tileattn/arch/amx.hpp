@@ -518,14 +518,11 @@ void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b, 
 
 // ---- B prepared once for many row slabs (arch/prepared_pairs.hpp) ----------------------------
 
-/// Rows per slab where the pairs run on AMX tiles (0: all rows at once, as elsewhere).
-/// Tests and benchmarks change it to compare both schedules; the results are the same bits.
-inline std::atomic<index_t> slab_rows{64};
-
 /// Where the tiles are in use: B packed into buffer in whole 16 x 16 tiles, once for every
-/// slab; else B itself (vdpbf16ps reads it in place).
+/// slab; else as vdpbf16ps reads it (avx512's).
 inline PreparedPairs prepare_pairs(index_t k, index_t n, const bf16x2* b, index_t ldb, bf16x2* buffer) {
-  if (!tiles_in_use() || k <= 0 || n <= 0) return {b, ldb, 0};
+  if (!tiles_in_use()) return avx512::prepare_pairs(k, n, b, ldb, buffer);
+  if (k <= 0 || n <= 0) return {b, ldb, 0};
   auto* packed = reinterpret_cast<std::uint32_t*>(buffer);
   const detail::BOperand op = detail::pack_b(b, ldb, k, n, packed);
   return {buffer, 0, op.packed_tiles};
@@ -535,7 +532,7 @@ inline PreparedPairs prepare_pairs(index_t k, index_t n, const bf16x2* b, index_
 template <bool Accumulate>
 void gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const PreparedPairs& b, float* c,
                    index_t ldc) {
-  if (b.packed_tiles == 0) return avx512::gemm<Accumulate>(m, n, k, a, lda, b.data, b.ld, c, ldc);
+  if (b.packed_tiles == 0) return avx512::gemm_prepared<Accumulate>(m, n, k, a, lda, b, c, ldc);
   if (m <= 0 || n <= 0) return;
   if (k > 0) return detail::tile_gemm_prepared<Accumulate>(m, n, k, a, lda, b, c, ldc);
   if constexpr (!Accumulate)
@@ -543,7 +540,12 @@ void gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda
       for (index_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
 }
 
-inline index_t product_slab_rows() { return tiles_in_use() ? slab_rows.load(std::memory_order_relaxed) : 0; }
+inline index_t product_slab_rows() {
+  return tiles_in_use() ? tile_slab_rows.load(std::memory_order_relaxed) : avx512::product_slab_rows();
+}
+/// Panels of 512 keys on tiles (one row max and one O rescale per 512 keys; the Xeon, slabs of
+/// 64: 474 GFLOP/s against 417 with 128-key panels on one thread, 948 against 830 on two).
+inline index_t product_panel_keys() { return tiles_in_use() ? 512 : avx512::product_panel_keys(); }
 
 /// A work item's products share one tile configuration: loaded here, the tiles released by
 /// the matching end_products (they nest); nothing where the tiles are not in use.

@@ -97,6 +97,7 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
   S::template gemm_prepared<false>(n, n, n, cp, n, S::prepare_pairs(n, n, cp, n, p), f, n);
   S::template gemm_prepared<true>(n, n, n, cp, n, S::prepare_pairs(n, n, cp, n, p), f, n);
   { S::product_slab_rows() } -> std::same_as<index_t>;
+  { S::product_panel_keys() } -> std::same_as<index_t>;
   S::begin_products();
   S::end_products();
 };
@@ -141,6 +142,7 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
       return ns::gemm_prepared<Accumulate>(a...);                                                 \
     }                                                                                             \
     TILEATTN_SET_FORWARD(ns, product_slab_rows)                                                   \
+    TILEATTN_SET_FORWARD(ns, product_panel_keys)                                                  \
     TILEATTN_SET_FORWARD(ns, begin_products)                                                      \
     TILEATTN_SET_FORWARD(ns, end_products)                                                        \
   }

@@ -170,6 +170,7 @@ void gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda
   TILEATTN_DISPATCH(gemm_prepared<Accumulate>(m, n, k, a, lda, b, c, ldc));
 }
 inline index_t product_slab_rows() { TILEATTN_DISPATCH(product_slab_rows()); }
+inline index_t product_panel_keys() { TILEATTN_DISPATCH(product_panel_keys()); }
 inline void begin_products() { TILEATTN_DISPATCH(begin_products()); }
 inline void end_products() { TILEATTN_DISPATCH(end_products()); }
 

@@ -17,10 +17,13 @@
 //   gemm_prepared<Accumulate>(m, n, k, a, lda, prepared, c, ldc)  gemm's C (+)= A B with B
 //       prepared: the same bits as gemm on B itself;
 //   product_slab_rows()  rows per slab (0: all rows at once);
+//   product_panel_keys()  keys per key tile (panel) the planner aims for with slabs;
 //   begin_products(), end_products()  bracket a work item's products (AMX: the tile
 //       configuration, loaded once per item instead of once per product; nests; no-ops
 //       elsewhere). ProductScope (ops/matmul.hpp) calls them.
 #pragma once
+
+#include <atomic>
 
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/types.hpp"
@@ -30,11 +33,23 @@ namespace tileattn::arch {
 /// A B operand of bf16 pairs as a set's gemm_prepared reads it: B itself (data[p * ld + j]),
 /// or, with packed_tiles > 0, a copy in whole zero-padded 16 x 16 tiles, the tile of pairs
 /// [16 s, 16 s + 16) and columns [16 t, 16 t + 16) at data + (s * packed_tiles + t) * 256.
+/// With panels (arch::avx512 with vdpbf16ps), a copy in the column panels its gemm sweeps
+/// over all `width` columns: the panel of columns [j, j + w) (w = 16 x its vectors) at
+/// data + j * depth, depth rows of w pairs. Either copy serves the products of any leading
+/// part of B (fewer pairs, fewer columns: a slab that sees only a panel's first keys).
 struct PreparedPairs {
   const bf16x2* data = nullptr;
   index_t ld = 0;
   index_t packed_tiles = 0;  // column tiles per 16 pairs of the packed copy; 0: B itself
+  bool panels = false;       // packed in column panels (avx512)
+  index_t depth = 0, width = 0;  // the pairs and columns packed (panels)
 };
+
+/// Rows per slab where a set multiplies pairs from prepared operands (AMX: 64; vdpbf16ps:
+/// see arch/avx512.hpp). Tests and benchmarks change them to compare schedules; every row's
+/// result is the same bits for every slab height.
+inline std::atomic<index_t> tile_slab_rows{64};
+inline std::atomic<index_t> dot_product_slab_rows{64};
 
 /// Pairs the buffer of prepare_pairs holds for a k x n operand: whole 16 x 16 tiles.
 constexpr index_t prepared_pairs_capacity(index_t k, index_t n) {
@@ -57,5 +72,6 @@ constexpr index_t prepared_pairs_capacity(index_t k, index_t n) {
     gemm<Accumulate>(m, n, k, a, lda, b.data, b.ld, c, ldc);                                              \
   }                                                                                                       \
   inline index_t product_slab_rows() { return 0; }                                                        \
+  inline index_t product_panel_keys() { return 0; }                                                       \
   inline void begin_products() {}                                                                         \
   inline void end_products() {}

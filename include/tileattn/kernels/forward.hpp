@@ -203,7 +203,7 @@ index_t slab_keys(const Mods& mods, const ops::PackedRows& rows, index_t r0, ind
   return std::clamp<index_t>((seen + 31) / 32 * 32, 0, k.cols);
 }
 template <class Mods, class KeyOperand>
-index_t slab_keys(const Mods&, const ops::PackedRows&, index_t, index_t, index_t, const KeyOperand& k) {
+index_t slab_keys(const Mods&, const ops::PackedRows&, index_t, index_t, index_t, const KeyOperand&) {
   return -1;  // all of them
 }
 

@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <string>
 
+#include "tileattn/arch/native.hpp"
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/tile.hpp"
@@ -86,9 +87,9 @@ inline constexpr index_t query_tile_granule = 8;  // rows of the micro-kernels' 
 inline constexpr index_t min_streamed_keys = 64;  // shorter score rows slow the micro-kernels
 inline constexpr index_t items_per_worker = 4;    // enough to even out unequal items
 inline constexpr index_t min_split_rows = 64;     // splitting for parallelism stops here
-/// bf16 panels: the keys of a panel (a key tile, Bc) where the rows fit. Tests and benchmarks
-/// change it.
-inline std::atomic<index_t> panel_keys{512};
+/// bf16 panels: the keys of a panel (a key tile, Bc) where the rows fit; 0: the micro-kernel
+/// set's choice (arch::native::product_panel_keys). Tests and benchmarks change it.
+inline std::atomic<index_t> panel_keys{0};
 /// bf16 panels: rows a panel needs at least, else the planner falls back to the search below.
 inline constexpr index_t min_panel_rows = 256;
 }  // namespace detail
@@ -191,19 +192,22 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   s.group_size = std::max<index_t>(shape.group_size, 1);
   Packing best;
   if (shape.operands == TileOperands::bf16_panels) {  // one panel of up to panel_keys keys where it fits
-    const index_t panel = std::min(panel_keys.load(std::memory_order_relaxed), ceil_div(nk, key_tile_granule) * key_tile_granule);
+    const index_t keys = panel_keys.load(std::memory_order_relaxed);
+    const index_t panel = std::min(keys > 0 ? keys : std::max<index_t>(arch::native::product_panel_keys(), key_tile_granule),
+                                   ceil_div(nk, key_tile_granule) * key_tile_granule);
     const index_t rows = rows_that_fit(panel, d, dv, budget, shape.operands);
     if (rows >= std::min(nq * s.group_size, min_panel_rows)) best = best_packing(rows, panel, nq, s.group_size);
+    else s.operands = TileOperands::bf16_pairs;  // a small budget: pairs without panels (no packed copies)
   }
   if (best.items == 0)
-    best = rows_that_fit(fast, d, dv, budget, shape.operands) > 0
+    best = rows_that_fit(fast, d, dv, budget, s.operands) > 0
                ? search_key_tiles(std::max(fast, std::min(nk, bc_rule)), std::min(fast, bc_rule), s, nq, budget)
                : search_key_tiles(fast - 1, 1, s, nq, budget);  // empty when fast == 1
   if (best.items == 0)
     throw budget_error("sram_budget_bytes",
                        std::to_string(budget) + " bytes cannot hold even 1 x 1 tiles at head_dim " +
                            std::to_string(d) + " (" +
-                           std::to_string(forward_working_set_bytes(1, 1, d, dv, shape.operands)) + " bytes needed)");
+                           std::to_string(forward_working_set_bytes(1, 1, d, dv, s.operands)) + " bytes needed)");
 
   index_t tiles = best.query_tiles;
   const index_t streams = std::max<index_t>(shape.kv_streams, 1) * (best.items / best.query_tiles);
@@ -216,8 +220,8 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   const index_t rounded = ceil_div(positions, query_tile_granule) * query_tile_granule;
   if (rounded < nq && rounded <= best.positions) positions = rounded;
   const index_t rows = positions * best.heads;
-  return {positions, best.bc, best.heads, budget, forward_working_set_bytes(rows, best.bc, d, dv, shape.operands),
-          shape.operands == TileOperands::bf16_panels};
+  return {positions, best.bc, best.heads, budget, forward_working_set_bytes(rows, best.bc, d, dv, s.operands),
+          s.operands == TileOperands::bf16_panels};
 }
 
 }  // namespace tileattn
