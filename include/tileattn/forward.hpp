@@ -146,7 +146,9 @@ template <class T, class KV, class Scores>
 void run(const ForwardParams<T, KV>& p, index_t max_seqlen_q, index_t max_seqlen_k,
          const ForwardOptions& options, const Scores& scores, const ForwardPlan* given = nullptr) {
   scores.check(p, max_seqlen_q, max_seqlen_k);
-  const TilePlan plan = call_tiles(plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k), options, given);
+  PlanShape shape = plan_shape(p.q, p.k, p.v, p.batch(), max_seqlen_q, max_seqlen_k);
+  shape.key_tile_limit = scores.key_tile_limit();
+  const TilePlan plan = call_tiles(shape, options, given);
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo>(p, plan, options.execution, scores);
   } else {

@@ -217,6 +217,8 @@ struct FlexScores {
     return {ScoreModifiers(p, sequence, seq), *score_mod, *mask_mod, blocks, sequence, p.softmax_scale};
   }
   bool has_slope(float softcap) const { return softcap > 0 || modifies_scores_v<ScoreMod>; }
+  /// A block mask's key block: panels no wider, so that the tiles it leaves empty are skipped.
+  index_t key_tile_limit() const { return blocks ? blocks->block.kv : 0; }
 
   /// A query tile's work estimate (ForwardWorkList, which runs the costliest tiles first):
   /// of the `window_keys` keys from `first` the window leaves rows [row0, row0 + rows) of

@@ -76,6 +76,8 @@ struct PlanShape {
   index_t group_size = 1;  // query heads per K/V head
   index_t kv_streams = 1;  // independent (sequence, K/V head) pairs: batch x heads_kv
   TileOperands operands = TileOperands::fp32;
+  index_t key_tile_limit = 0;  // panels no wider (a flex block mask's key block, whose empty
+                               // blocks the key loop skips tile by tile); 0: none
 
   index_t value_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   bool operator==(const PlanShape&) const = default;
@@ -193,8 +195,9 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   Packing best;
   if (shape.operands == TileOperands::bf16_panels) {  // one panel of up to panel_keys keys where it fits
     const index_t keys = panel_keys.load(std::memory_order_relaxed);
-    const index_t panel = std::min(keys > 0 ? keys : std::max<index_t>(arch::native::product_panel_keys(), key_tile_granule),
-                                   ceil_div(nk, key_tile_granule) * key_tile_granule);
+    index_t panel = std::min(keys > 0 ? keys : std::max<index_t>(arch::native::product_panel_keys(), key_tile_granule),
+                             ceil_div(nk, key_tile_granule) * key_tile_granule);
+    if (shape.key_tile_limit > 0) panel = std::min(panel, std::max(shape.key_tile_limit, key_tile_granule));
     const index_t rows = rows_that_fit(panel, d, dv, budget, shape.operands);
     if (rows >= std::min(nq * s.group_size, min_panel_rows)) best = best_packing(rows, panel, nq, s.group_size);
     else s.operands = TileOperands::bf16_pairs;  // a small budget: pairs without panels (no packed copies)

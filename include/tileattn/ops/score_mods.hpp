@@ -245,6 +245,8 @@ struct BuiltinScores {
   void check(const P&, index_t, index_t) const {}
   /// A query tile's work estimate (ForwardWorkList): the keys the window leaves it.
   index_t estimate_keys(index_t, index_t, index_t, index_t, index_t window_keys) const { return window_keys; }
+  /// The widest key tile the planner should give (PlanShape::key_tile_limit): no limit.
+  index_t key_tile_limit() const { return 0; }
 };
 
 }  // namespace tileattn::ops

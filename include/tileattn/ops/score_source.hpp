@@ -88,6 +88,7 @@ concept forward_score_source =
     score_source<S, P> && forward_score_modifiers<score_modifiers_t<S, P>, Io> &&
     requires(const S& scores, index_t sequence, index_t row0, index_t rows, index_t first, index_t window_keys) {
       { scores.estimate_keys(sequence, row0, rows, first, window_keys) } -> std::convertible_to<index_t>;
+      { scores.key_tile_limit() } -> std::convertible_to<index_t>;
     };
 
 /// A source for the backward (run_backward) over BackwardParams P.
