@@ -25,6 +25,11 @@
 // with TransA (A given as its K x M transpose), each 32-row panel of A is transposed into
 // a buffer first.
 //
+// Prepared operands (arch/prepared_pairs.hpp): the forward's panels pack a key tile's K^T and
+// V into whole tiles once (prepare_pairs) and multiply them a 64-row slab at a time
+// (gemm_prepared: the same blocks and bits as gemm), with one tile configuration for a work
+// item's products (begin_products / end_products; sessions nest).
+//
 // Sums. tdpbf16ps multiplies bf16 exactly and sums in fp32, flushing subnormal bf16 inputs
 // and results to zero as vdpbf16ps does, but its rounding points are its own (it matches
 // neither rounding per product, nor per pair, nor per 16 pairs: tests/arch/amx_kernels_test),
