@@ -142,19 +142,57 @@ int main(int argc, char** argv) {
     }, 200);
     std::printf("  panel of 512 keys, d 128: packing K^T and V %.2f us (%.3f ns per score over a 1024-row query tile)\n",
                 pack * 1e6, pack * 1e9 / (1024.0 * panel));
-    for (const bool by_columns : {true, false}) {
-      amx::detail::columns_outer = by_columns;
+    {
       amx::begin_products();
       const double qk = best_seconds([&] { amx::gemm_prepared<false>(slab, panel, dp, q.data(), dp, kpp, s.data(), panel); }, 2000);
       const double pv = best_seconds([&] { amx::gemm_prepared<true>(slab, dv, panel / 2, p.data(), panel / 2, vpp, o.data(), dv); }, 2000);
       amx::end_products();
       const double flops = 4.0 * slab * panel * dp;
-      std::printf("  slab 64 x panel 512 (%s where C is wider than K is deep): S = Q K^T %.1f GFLOP/s (%.1f%% of the loop), O += P V %.1f (%.1f%%); "
-                  "%.3f ns per score for both\n", by_columns ? "columns outer" : "rows outer", flops / qk * 1e-9,
+      std::printf("  slab 64 x panel 512: S = Q K^T %.1f GFLOP/s (%.1f%% of the loop), O += P V %.1f (%.1f%%); "
+                  "%.3f ns per score for both\n", flops / qk * 1e-9,
                   100 * flops / qk * 1e-9 / amx_peak, flops / pv * 1e-9, 100 * flops / pv * 1e-9 / amx_peak,
                   (qk + pv) * 1e9 / (slab * panel));
     }
-    amx::detail::columns_outer = true;
+    // The next step measured: a slab's softmax (row max, 2^x, sum, bf16 pairs, O rescaled)
+    // issued two rows at a time between the next slab's 32 x 32 blocks of Q K^T, against
+    // the same work one after the other. Two score buffers; P V after either way.
+    {
+      std::vector<float> s2(slab * panel), factor(slab, 0.09f), shift(slab), sums(slab);
+      std::vector<bf16x2> pp(slab * panel / 2);
+      for (std::size_t i = 0; i < s.size(); ++i) s[i] = s2[i] = static_cast<float>(i % 13) * 0.3f - 2.0f;
+      const auto softmax_rows = [&](float* x, index_t r0, index_t rows) {
+        for (index_t r = r0; r < r0 + rows; ++r) {
+          shift[r] = tileattn::arch::native::row_max(x + r * panel, panel) * 0.09f;
+          tileattn::arch::native::scale(o.data() + r * dv, dv, 0.999f);
+        }
+        tileattn::arch::native::exp2_shift_sum_rows(x + r0 * panel, panel, rows, panel, factor.data() + r0,
+                                                    shift.data() + r0, sums.data() + r0, pp.data() + r0 * panel / 2,
+                                                    panel / 2);
+      };
+      amx::begin_products();
+      const double sequential = best_seconds([&] {
+        amx::gemm_prepared<false>(slab, panel, dp, q.data(), dp, kpp, s2.data(), panel);
+        softmax_rows(s.data(), 0, slab);
+        amx::gemm_prepared<true>(slab, dv, panel / 2, pp.data(), panel / 2, vpp, o.data(), dv);
+      }, 2000);
+      const double interleaved = best_seconds([&] {
+        amx::detail::EdgeBuffers buf;
+        const amx::detail::BOperand b{reinterpret_cast<const std::uint32_t*>(kpp.data), 0, kpp.packed_tiles};
+        index_t done = 0;
+        for (index_t j = 0; j < panel; j += 32)
+          for (index_t i = 0; i < slab; i += 32) {
+            amx::detail::block<2, 2>(32, 32, dp, q.data() + i * dp, dp, b, j, s2.data() + i * panel + j, panel, false,
+                                     buf);
+            softmax_rows(s.data(), done, 2);
+            done += 2;
+          }
+        amx::gemm_prepared<true>(slab, dv, panel / 2, pp.data(), panel / 2, vpp, o.data(), dv);
+      }, 2000);
+      amx::end_products();
+      std::printf("  a slab's Q K^T, softmax and P V: %.3f ns per score one after the other, %.3f with the softmax "
+                  "interleaved between the next slab's Q K^T blocks\n", sequential * 1e9 / (slab * panel),
+                  interleaved * 1e9 / (slab * panel));
+    }
     std::free(kp);
     std::free(vp);
   }

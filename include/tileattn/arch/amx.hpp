@@ -439,33 +439,6 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
   }
 }
 
-/// Whether tile_gemm_prepared sweeps C a 32-column block at a time over all its row panels
-/// (each B tile then read from L2 once and reused from L1 by the other panels) rather than
-/// a row panel at a time, where C is wider than K is deep (S = Q K^T over a panel; O += P V
-/// keeps rows outer: its A panel, P's 32 rows over the whole panel, is the one to reuse).
-/// Measured on the Xeon (amx_breakdown, a 64-row slab of a 512-key panel, d 128): Q K^T 690
-/// GFLOP/s columns outer against 670 rows outer; P V 1134 against 1305. The same blocks and
-/// products either way, so the same bits. Benchmarks change it.
-inline std::atomic<bool> columns_outer{true};
-
-/// C's 32-row panels [0, m) across columns [j, j + cols) (cols <= 32): one block each.
-TILEATTN_AMX_TARGET inline void column_block(index_t m, index_t cols, index_t k, const bf16x2* a, index_t lda,
-                                             const BOperand& b, index_t j, float* c, index_t ldc, bool accumulate,
-                                             EdgeBuffers& buf) {
-  for (index_t i = 0; i < m; i += 2 * dim) {
-    const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
-    const bf16x2* ai = a + i * lda;
-    float* ci = c + i * ldc + j;
-    if (rows > dim) {
-      if (cols > dim) block<2, 2>(rows, cols, k, ai, lda, b, j, ci, ldc, accumulate, buf);
-      else block<2, 1>(rows, cols, k, ai, lda, b, j, ci, ldc, accumulate, buf);
-    } else {
-      if (cols > dim) block<1, 2>(rows, cols, k, ai, lda, b, j, ci, ldc, accumulate, buf);
-      else block<1, 1>(rows, cols, k, ai, lda, b, j, ci, ldc, accumulate, buf);
-    }
-  }
-}
-
 /// tile_gemm (not transposed) with B packed whole beforehand (prepare_pairs): the same chunks
 /// of K, blocks and tile products, so the same bits, without the pack per call.
 template <bool Accumulate>
@@ -474,19 +447,12 @@ TILEATTN_AMX_TARGET void tile_gemm_prepared(index_t m, index_t n, index_t k, con
   [[maybe_unused]] TileSession session;
   EdgeBuffers buf;
   const auto* packed = reinterpret_cast<const std::uint32_t*>(b.data);
-  const bool by_columns = n > k && columns_outer.load(std::memory_order_relaxed);
   for (index_t p = 0; p < k; p += transposed_depth) {
     const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
     const BOperand b_op{packed + p / dim * b.packed_tiles * dim * dim, 0, b.packed_tiles};
-    const bool accumulate = Accumulate || p > 0;
-    if (by_columns) {
-      for (index_t j = 0; j < n; j += 2 * dim)
-        column_block(m, n - j < 2 * dim ? n - j : 2 * dim, depth, a + p, lda, b_op, j, c, ldc, accumulate, buf);
-    } else {
-      for (index_t i = 0; i < m; i += 2 * dim) {
-        const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
-        row_panel(rows, n, depth, a + i * lda + p, lda, b_op, c + i * ldc, ldc, accumulate, buf);
-      }
+    for (index_t i = 0; i < m; i += 2 * dim) {
+      const index_t rows = m - i < 2 * dim ? m - i : 2 * dim;
+      row_panel(rows, n, depth, a + i * lda + p, lda, b_op, c + i * ldc, ldc, Accumulate || p > 0, buf);
     }
   }
 }
