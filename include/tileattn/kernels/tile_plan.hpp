@@ -131,7 +131,8 @@ constexpr index_t rows_that_fit(index_t bc, index_t d, index_t dv, std::size_t b
       ? static_cast<std::size_t>(P::leading_dim((d + 1) / 2) + (panels ? 0 : P::leading_dim((bc + 1) / 2))) *
             sizeof(bf16x2)
       : static_cast<std::size_t>(F::leading_dim(d)) * sizeof(float);
-  const std::size_t per_row = (float_lds - (panels ? F::leading_dim(bc) : 0)) * sizeof(float) + operand_bytes;
+  const auto score_lds = static_cast<std::size_t>(panels ? F::leading_dim(bc) : 0);  // S in `fixed` too
+  const std::size_t per_row = (float_lds - score_lds) * sizeof(float) + operand_bytes;
   const std::size_t slab = panels ? forward_working_set_bytes(kernels::max_slab_rows, bc, d, dv, operands) : 0;
   auto rows = panels && budget >= slab  // a lower bound per row: at most a few rows too many
                   ? kernels::max_slab_rows + static_cast<index_t>((budget - slab) / per_row)
