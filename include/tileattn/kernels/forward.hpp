@@ -207,6 +207,14 @@ index_t slab_keys(const Mods&, const ops::PackedRows&, index_t, index_t, index_t
   return -1;  // all of them
 }
 
+/// The keys of a whole key tile: K^T's columns, prepared or not, or the key rows read in place.
+template <class Op>
+index_t tile_keys(const Tile<Op>& k_t) { return k_t.cols(); }
+template <class Op>
+index_t tile_keys(const ops::PreparedOperand<Op>& k_t) { return k_t.cols; }
+template <class E>
+index_t tile_keys(const RowRefs<E>& k) { return k.rows(); }
+
 /// One slab of a key tile's work: the packed rows [first_row + r0, first_row + r0 + n) of
 /// the tiles, `rows` describing those from first_row on. Scores, probabilities and their
 /// pairs use the first n rows of S and P (the slab's, hot in cache for the next step).
@@ -235,8 +243,8 @@ void attend_slab(Tiles& t, const KeyOperand& k_tile, const ValueOperand& v_tile,
     mods.apply(s_piece, piece, col0, io);                          // softcap, biases, masks
   });
   const auto& values = ops::values_of(v);
-  if (values_finite < 0)                                           // after Q K^T: V has arrived
-    values_finite = ops::all_finite(values) && (!scales.v || arch::native::all_finite(scales.v, s.cols()));
+  if (values_finite < 0)  // after Q K^T: V has arrived. Over the whole tile: a later slab may see more keys
+    values_finite = ops::all_finite(values) && (!scales.v || arch::native::all_finite(scales.v, tile_keys(k_tile)));
   if (values_finite && scales.v) {                                 // 8-bit V: P scaled per key
     ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (n, Bc)
     ops::scale_columns(s, scales.v);
