@@ -158,9 +158,10 @@ inline float probability_as(const Tile<bf16x2>&, float p) { return to_float(bf16
 /// The step and o += P V for a V tile that holds an Inf or a NaN: row by row, P V sums only
 /// the keys the row sees (score != -inf), so such a value reaches exactly the rows that see
 /// its key, never a row that a mask hides it from (0 * NaN), whatever the tiling. Each
-/// row's sum runs over the keys in order with fused multiply-adds, as the float
-/// micro-kernels' (bf16 pair tiles: P rounded to bf16 as in their product; the sum's
-/// order differs from vdpbf16ps's in the last bits).
+/// row's sum runs over the keys in order with the running set's multiply-add (mul_add:
+/// fused, or two roundings where generic runs without FMA), as its float gemm sums (bf16
+/// pair tiles: P rounded to bf16 as in their product; the sum's order differs from
+/// vdpbf16ps's in the last bits).
 template <class ScoreTile, class AccTile, class ValueTile>
 void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& o,
                                         const ValueTile& v, float to_log2,
@@ -179,7 +180,7 @@ void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& 
       if (!visible[static_cast<std::size_t>(j)]) continue;
       float pj = detail::probability_as(v, p[j]);
       if (value_scales) pj *= value_scales[j];
-      for (index_t c = 0; c < o_row.cols(); ++c) out[c] = std::fma(pj, detail::value_at(v, j, c), out[c]);
+      for (index_t c = 0; c < o_row.cols(); ++c) out[c] = arch::native::mul_add(pj, detail::value_at(v, j, c), out[c]);
     }
   }
 }
