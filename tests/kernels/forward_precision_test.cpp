@@ -309,7 +309,7 @@ class Instance {
     }
     if (c.budget_16x32)
       opts_.sram_budget_bytes = forward_working_set_bytes(
-          16, 32, c.head_dim, c.head_dim_v, kernels::tile_operands_v<kernels::tile_operand_t<T>>);
+          16, 32, c.head_dim, c.head_dim_v, kernels::tile_operands_without_panels<T>());
     const index_t B = c.batch, H = c.heads_q, nq = c.seqlen_q, nk = c.seqlen_k;  // nq, nk: the maxima for varlen
     std::mt19937_64 rng(10 * c.seed + 4);
     if (c.mods.bias) {

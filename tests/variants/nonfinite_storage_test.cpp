@@ -64,8 +64,7 @@ struct HalfProblem {
                                           TensorView<const float>(make_bshd(k.data(), 1, nk, heads, d)),
                                           TensorView<const float>(make_bshd(v.data(), 1, nk, heads, d)), ref_opts);
     std::vector<bool> first_nan;
-    using kernels::tile_operand_t;
-    const TileOperands operands = kernels::tile_operands_v<tile_operand_t<T>>;
+    const TileOperands operands = kernels::tile_operands_without_panels<T>();
     for (std::size_t budget : {std::size_t{0}, forward_working_set_bytes(16, 32, d, d, operands),
                                forward_working_set_bytes(3, 5, d, d, operands)}) {
       std::vector<T> first;

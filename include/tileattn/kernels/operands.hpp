@@ -52,6 +52,13 @@ decltype(auto) with_tile_operand(F&& f) {
 #endif
 }
 
+/// tile_operands_v of T's operand type in this process, whatever arch::native is (fixed or
+/// dispatched): plain bf16 pairs or float, never panels.
+template <class T>
+TileOperands tile_operands_without_panels() {
+  return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_v<Op>; });
+}
+
 /// tile_operands_v of T's operand type in this process.
 template <class T>
 TileOperands tile_operands_for() {
