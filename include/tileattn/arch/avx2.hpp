@@ -21,6 +21,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -494,8 +495,9 @@ inline void to_float(const fp8_e4m3* src, float* dst, index_t n) { generic::to_f
 inline void to_float(const fp8_e5m2* src, float* dst, index_t n) { generic::to_float(src, dst, n); }
 #endif
 
-/// generic::mul_add compiled for this target: fused.
-inline float mul_add(float a, float b, float c) { return a * b + c; }
+/// generic::mul_add for this target: fused, as its gemm's vfmadd (std::fma, not a * b + c,
+/// which GCC contracts only from -O2 on).
+inline float mul_add(float a, float b, float c) { return std::fma(a, b, c); }
 /// generic::add_alibi_bias compiled for this target (FMA).
 inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
   for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));

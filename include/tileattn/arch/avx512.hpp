@@ -31,6 +31,7 @@
 #include <immintrin.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -936,8 +937,9 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
   });
 }
 
-/// generic::mul_add compiled for this target: fused.
-inline float mul_add(float a, float b, float c) { return a * b + c; }
+/// generic::mul_add for this target: fused, as its gemm's vfmadd (std::fma, not a * b + c,
+/// which GCC contracts only from -O2 on).
+inline float mul_add(float a, float b, float c) { return std::fma(a, b, c); }
 /// generic::add_alibi_bias compiled for this target (FMA).
 inline void add_alibi_bias(float* x, index_t n, float slope, index_t diagonal) {
   for (index_t j = 0; j < n; ++j) x[j] += slope * static_cast<float>(std::abs(diagonal - j));

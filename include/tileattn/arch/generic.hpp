@@ -255,10 +255,17 @@ inline bool all_finite(const std::int8_t* x, index_t n) {
 /// 2^x for one value (running-max corrections); 2^-inf = 0.
 inline float exp2(float x) { return std::exp2(x); }
 
-/// a * b + c as this set's target computes it: one fused multiply-add where the target has
-/// FMA (GCC and Clang contract it so), two roundings where not. ops/ takes its scalar
-/// row-statistic updates from here, so a dispatched build fuses them as a -march build does.
-inline float mul_add(float a, float b, float c) { return a * b + c; }
+/// a * b + c as this set's gemm computes it: one fused multiply-add where the target has FMA
+/// (std::fma, as the gemm: a * b + c is contracted by GCC only from -O2 on), two roundings
+/// where not. ops/ takes its scalar row-statistic updates and the visible-values P V from
+/// here, so they round as the gemm does, and a dispatched build as a -march build does.
+inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 
 /// x[j] += slope * |diagonal - j| for j < n: ALiBi's linear bias on a row of scores (the
 /// column of distance 0 at `diagonal`). Scalar in every set, but compiled for the set's
