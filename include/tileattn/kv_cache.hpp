@@ -90,6 +90,10 @@ struct KvCacheConfig {
   /// fp8 caches: dequantization scales of K and V, each > 0: empty (1), one value, heads_kv
   /// values (per K/V head) or num_layers x heads_kv (per layer and K/V head). Others: empty.
   std::vector<float> k_scale{}, v_scale{};
+  /// How a page's rows lie in memory (cache_write.hpp): token_major ([page, token, head,
+  /// dim], FlashAttention's layout) or head_major ([page, head, token, dim]: one head's rows
+  /// of a page contiguous, faster to decode). k_pages/v_pages carry the strides either way.
+  PageLayout layout = PageLayout::token_major;
 };
 
 using SequenceId = std::int64_t;
@@ -436,6 +440,9 @@ class KvCache {
       TILEATTN_REQUIRE(value >= 1, name, "must be >= 1, got " + std::to_string(value));
     TILEATTN_REQUIRE(c.num_pages <= max_length, "num_pages",
                     "must fit int32 (block tables hold page ids), got " + std::to_string(c.num_pages));
+    TILEATTN_REQUIRE(c.layout == PageLayout::token_major || c.layout == PageLayout::head_major, "layout",
+                     "must be PageLayout::token_major or PageLayout::head_major, got " +
+                         std::to_string(static_cast<int>(c.layout)));
     const detail::CheckedSum layer = layer_bytes(c);
     TILEATTN_REQUIRE(layer.at_most(max_allocation_bytes), "num_pages",
                      "num_pages x page_size x heads_kv x (head_dim + head_dim_v) elements of " +
@@ -488,7 +495,7 @@ class KvCache {
   auto pool_view(Pools& pools, index_t layer, index_t dim) const {
     check_layer(layer);
     auto& pool = pools[static_cast<std::size_t>(layer)];  // const when pools is
-    return make_page_pool(pool.data(), num_pages(), page_size(), config_.heads_kv, dim);
+    return make_page_pool(pool.data(), num_pages(), page_size(), config_.heads_kv, dim, config_.layout);
   }
 
   /// Views, extents and memory of new rows [..., num_tokens, heads_kv, head_dim(_v)].

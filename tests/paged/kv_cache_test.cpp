@@ -674,11 +674,13 @@ void random_step(Harness<T>& h, std::mt19937_64& rng) {
 }
 
 TYPED_TEST(KvCacheTest, RandomOperationsMatchTheModel) {
+  KvCacheConfig head_major = config(2, 20, 3, 2, 7, 5);
+  head_major.layout = PageLayout::head_major;
   const KvCacheConfig configs[] = {config(1, 12, 1, 1, 1), config(2, 20, 3, 2, 7, 5), config(2, 14, 17, 1, 3),
-                                   config(3, 16, 16, 2, 1, 2)};
+                                   config(3, 16, 16, 2, 1, 2), head_major};
   std::uint64_t seed = 7;
   for (const KvCacheConfig& c : configs) {
-    SCOPED_TRACE("page_size " + std::to_string(c.page_size));
+    SCOPED_TRACE("page_size " + std::to_string(c.page_size) + ", " + to_string(c.layout));
     Harness<TypeParam> h(c);
     std::mt19937_64 rng(++seed);
     for (int step = 0; step < 1500; ++step) {
