@@ -1,6 +1,7 @@
 // tileattn/kv_cache.hpp: the paged KV cache manager: a pool of fixed-size pages per layer,
 // a block table per sequence, and pages shared between sequences by reference count
-// (vLLM's block manager; the pools and tables have FlashAttention's paged-KV layout).
+// (vLLM's block manager; the pools are FlashAttention's [num_pages, page_size, heads_kv,
+// head_dim] views, laid out in memory as KvCacheConfig::layout says).
 //
 //   tileattn::KvCache<tileattn::bf16> cache({.num_layers = 32, .num_pages = 4096,
 //                                            .page_size = 16, .heads_kv = 8, .head_dim = 128});
@@ -90,10 +91,13 @@ struct KvCacheConfig {
   /// fp8 caches: dequantization scales of K and V, each > 0: empty (1), one value, heads_kv
   /// values (per K/V head) or num_layers x heads_kv (per layer and K/V head). Others: empty.
   std::vector<float> k_scale{}, v_scale{};
-  /// How a page's rows lie in memory (cache_write.hpp): token_major ([page, token, head,
-  /// dim], FlashAttention's layout) or head_major ([page, head, token, dim]: one head's rows
-  /// of a page contiguous, faster to decode). k_pages/v_pages carry the strides either way.
-  PageLayout layout = PageLayout::token_major;
+  /// How a page's rows lie in memory (cache_write.hpp): head_major ([page, head, token,
+  /// dim]: one head's rows of a page contiguous), token_major ([page, token, head, dim],
+  /// FlashAttention's layout, for a caller that hands the pools to code expecting it), or
+  /// automatic (the default: the one decode reads faster for T, head-major for 16- and
+  /// 32-bit types, token-major for 8-bit ones; config() reports the choice). k_pages and
+  /// v_pages carry the strides either way.
+  PageLayout layout = PageLayout::automatic;
 };
 
 using SequenceId = std::int64_t;
@@ -364,7 +368,7 @@ class KvCache {
   void k_scales(index_t) const&& = delete;
   void v_scales(index_t) const&& = delete;
 
-  const KvCacheConfig& config() const { return config_; }  // head_dim_v filled in
+  const KvCacheConfig& config() const { return config_; }  // head_dim_v and layout filled in
   index_t num_layers() const { return config_.num_layers; }
   index_t num_pages() const { return config_.num_pages; }
   index_t page_size() const { return config_.page_size; }
@@ -440,9 +444,11 @@ class KvCache {
       TILEATTN_REQUIRE(value >= 1, name, "must be >= 1, got " + std::to_string(value));
     TILEATTN_REQUIRE(c.num_pages <= max_length, "num_pages",
                     "must fit int32 (block tables hold page ids), got " + std::to_string(c.num_pages));
-    TILEATTN_REQUIRE(c.layout == PageLayout::token_major || c.layout == PageLayout::head_major, "layout",
-                     "must be PageLayout::token_major or PageLayout::head_major, got " +
-                         std::to_string(static_cast<int>(c.layout)));
+    TILEATTN_REQUIRE(c.layout == PageLayout::automatic || c.layout == PageLayout::token_major ||
+                         c.layout == PageLayout::head_major,
+                     "layout", "must be PageLayout::automatic, token_major or head_major, got " +
+                                   std::to_string(static_cast<int>(c.layout)));
+    c.layout = resolved_layout<T>(c.layout);
     const detail::CheckedSum layer = layer_bytes(c);
     TILEATTN_REQUIRE(layer.at_most(max_allocation_bytes), "num_pages",
                      "num_pages x page_size x heads_kv x (head_dim + head_dim_v) elements of " +

@@ -3,8 +3,9 @@
 //
 // The fuzzer's bytes choose a storage type (float, bf16, int8, fp8 e4m3, fp8 e5m2), a small
 // cache (1-3 layers, 1-8 pages so that running out happens, page size 1-17, 1-2 K/V heads,
-// head_dim and head_dim_v 1-6, fp8 scales in each of the config's four forms) or a bad
-// config (a bad field, 2^40 layers or more), then up to 32 operations, each valid or made
+// head_dim and head_dim_v 1-6, fp8 scales in each of the config's four forms, head- or
+// token-major pages) or a bad config (a bad field, 2^40 layers or more), then up to 32
+// operations, each valid or made
 // invalid on purpose: create, fork,
 // share_prefix (tokens out of range), extend (negative, past 2^31 - 1, out of pages), write
 // of the last n positions and at a position0 (bad layer, n past the length, INT64_MAX, a shared page,
@@ -1031,6 +1032,7 @@ KvCacheConfig read_config(FuzzedDataProvider& in, Storage type) {
     c.k_scale = fp8_scales(in, c);
     c.v_scale = fp8_scales(in, c);
   }
+  c.layout = in.ConsumeBool() ? PageLayout::token_major : PageLayout::head_major;
   return c;
 }
 

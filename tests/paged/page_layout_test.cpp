@@ -3,7 +3,8 @@
 // fork (copy-on-write of a partly filled page) and truncation, in memory laid out as its
 // strides say, and forward_paged over it (decode, a verify step, a chunked prefill) gives
 // the same bits as over the token-major cache, in every storage type; make_page_pool's
-// head-major view puts one head's rows of a page in one run; a bad layout is named.
+// head-major view puts one head's rows of a page in one run; automatic resolves per type
+// (head-major for 16- and 32-bit types, token-major for 8-bit); a bad layout is named.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -151,6 +152,23 @@ TEST(PageLayout, HeadMajorPoolViewPutsAHeadsPageInOneRun) {
   const auto t = make_page_pool(pool.data(), 2, 3, 4, 5);
   EXPECT_EQ(&t(1, 2, 2, 4), pool.data() + 60 + 2 * 20 + 2 * 5 + 4);
   EXPECT_STREQ(to_string(PageLayout::head_major), "head_major");
+}
+
+TEST(PageLayout, AutomaticIsHeadMajorForWideTypesAndTokenMajorForEightBit) {
+  const KvCacheConfig c{.num_layers = 1, .num_pages = 4, .page_size = 2, .heads_kv = 3, .head_dim = 8};
+  EXPECT_EQ(c.layout, PageLayout::automatic);
+  EXPECT_EQ(KvCache<float>(c).config().layout, PageLayout::head_major);
+  EXPECT_EQ(KvCache<bf16>(c).config().layout, PageLayout::head_major);
+  EXPECT_EQ(KvCache<fp16>(c).config().layout, PageLayout::head_major);
+  EXPECT_EQ(KvCache<std::int8_t>(c).config().layout, PageLayout::token_major);
+  EXPECT_EQ(KvCache<fp8_e5m2>(c).config().layout, PageLayout::token_major);
+  const KvCache<float> wide(c);
+  const KvCache<std::int8_t> narrow(c);
+  EXPECT_EQ(wide.k_pages(0).stride[1], 8);  // head-major: a head's tokens adjacent
+  EXPECT_EQ(narrow.k_pages(0).stride[1], 3 * 8);
+  float x = 0;
+  EXPECT_EQ(make_page_pool(&x, 1, 1, 1, 1, PageLayout::automatic).stride[0], 1);
+  EXPECT_STREQ(to_string(PageLayout::automatic), "automatic");
 }
 
 TEST(PageLayout, ABadLayoutIsNamed) {

@@ -296,8 +296,10 @@ TEST(PagedForward, OnTheCacheManagerAfterForkCopyOnWritePrefixSharingAndTruncati
     const auto pool = cache.k_pages(0);
     for (index_t t = 0; t < cache.length(id); ++t) {
       const std::int32_t p = cache.pages(id)[static_cast<std::size_t>(t / page)];
-      const float* row = &pool(p, t % page, 0, 0);
-      rows.insert(rows.end(), row, row + hkv * d);
+      for (index_t h = 0; h < hkv; ++h) {  // each head's row, whatever the page layout
+        const float* row = &pool(p, t % page, h, 0);
+        rows.insert(rows.end(), row, row + d);
+      }
     }
     return rows;
   };
