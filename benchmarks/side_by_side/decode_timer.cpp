@@ -12,6 +12,7 @@
 //            and vLLM's flash layout: one head's rows of a page are heads_kv * d apart.
 //            head: [pages, heads_kv, page_size, d] in memory (vLLM's paged-attention layout),
 //            the same view shape with other strides: one head's page is one contiguous run.
+//   HUGE     1: the pools advised onto transparent huge pages (madvise) before first touch.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -22,6 +23,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "../ceilings.hpp"
 #include "tileattn/tileattn.hpp"
@@ -45,6 +48,24 @@ float flush_caches(std::size_t mib, int threads) {
   });
   return std::accumulate(partial.begin(), partial.end(), 0.0f);
 }
+
+/// K or V pool memory: 2 MiB aligned, and with HUGE=1 advised onto transparent huge pages
+/// (madvise; the kernel's THP setting must allow it) before it is first touched.
+template <class T>
+struct Pool {
+  T* ptr;
+  std::size_t n;
+  Pool(std::size_t count, bool huge) : n(count) {
+    constexpr std::size_t align = std::size_t{2} << 20;
+    const std::size_t bytes = (count * sizeof(T) + align - 1) / align * align;
+    ptr = static_cast<T*>(std::aligned_alloc(align, bytes));
+    if (huge) madvise(ptr, bytes, MADV_HUGEPAGE);
+  }
+  ~Pool() { std::free(ptr); }
+  T* begin() { return ptr; }
+  T* end() { return ptr + n; }
+  T* data() { return ptr; }
+};
 
 template <class T>
 const char* type_name() {
@@ -71,12 +92,15 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
   const char* flush_env = std::getenv("FLUSH_MB");
   const std::size_t flush_mib = flush_env != nullptr ? static_cast<std::size_t>(std::atol(flush_env)) : 1024;
   const index_t max_pages = (ctx + page - 1) / page, pages = b * max_pages;
-  std::vector<T, tileattn::LineAlignedAllocator<T>> k(static_cast<std::size_t>(pages * page * hkv * d)), v(k.size());
+  const auto elements = static_cast<std::size_t>(pages * page * hkv * d);
+  const char* huge_env = std::getenv("HUGE");
+  const bool huge = huge_env != nullptr && std::string(huge_env) == "1";
+  Pool<T> k(elements, huge), v(elements, huge);
   std::vector<Q> q(static_cast<std::size_t>(b * hq * d)), o(q.size());
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   for (auto* x : {&k, &v})
-    for (auto& e : *x) e = random_value<T>(rng, normal);
+    for (auto& e : *x) e = random_value<T>(rng, normal);  // (first touch: after the madvise)
   for (auto& e : q) e = tileattn::from_float<Q>(normal(rng));
   std::vector<float> k_scales(static_cast<std::size_t>(pages * hkv)), v_scales(k_scales.size());
   for (auto* s : {&k_scales, &v_scales})
