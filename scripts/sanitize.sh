@@ -80,7 +80,7 @@ run_fuzz() {
   cmake -S . -B build-fuzz $(generator build-fuzz) "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=all -fsanitize=fuzzer-no-link" \
-    -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-12000}"
+    -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-9000}"
   cmake --build build-fuzz -j"$jobs" --target fuzzers
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-fuzz --output-on-failure -L fuzz -j"$jobs"
