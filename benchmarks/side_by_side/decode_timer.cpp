@@ -61,6 +61,8 @@ struct Pool {
     ptr = static_cast<T*>(std::aligned_alloc(align, bytes));
     if (huge) madvise(ptr, bytes, MADV_HUGEPAGE);
   }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
   ~Pool() { std::free(ptr); }
   T* begin() { return ptr; }
   T* end() { return ptr + n; }
