@@ -50,6 +50,18 @@ inline float dot_lanes_sum(const float (&x)[16]) {
   return (group[0] + group[1]) + (group[2] + group[3]);
 }
 
+/// a * b + c as this set's gemm (below, which calls it) computes it: one fused multiply-add
+/// where the target has FMA (std::fma: a * b + c is contracted by GCC only from -O2 on), two
+/// roundings where not. ops/ takes its scalar row-statistic updates and the visible-values
+/// P V from here, so they round as the gemm does, and a dispatched build as a -march build.
+inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
 /// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0. With TransA, A is given by its
 /// transpose (K x M, row-major): element (i, p) at a[p * lda + i] (the backward's P^T and
@@ -64,11 +76,8 @@ void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const fl
     for (index_t p = 0; p < k; ++p) {
       const float aip = TransA ? a[p * lda + i] : a[i * lda + p];
       const float* bp = b + p * ldb;
-#if defined(__FMA__)  // one rounding per step, whether or not the compiler vectorizes the loop
-      for (index_t j = 0; j < n; ++j) ci[j] = std::fma(aip, bp[j], ci[j]);
-#else
-      for (index_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
-#endif
+      // mul_add: one rounding per step with FMA, whether or not the compiler vectorizes the loop
+      for (index_t j = 0; j < n; ++j) ci[j] = mul_add(aip, bp[j], ci[j]);
     }
   }
 }
@@ -254,18 +263,6 @@ inline bool all_finite(const std::int8_t* x, index_t n) {
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0.
 inline float exp2(float x) { return std::exp2(x); }
-
-/// a * b + c as this set's gemm computes it: one fused multiply-add where the target has FMA
-/// (std::fma, as the gemm: a * b + c is contracted by GCC only from -O2 on), two roundings
-/// where not. ops/ takes its scalar row-statistic updates and the visible-values P V from
-/// here, so they round as the gemm does, and a dispatched build as a -march build does.
-inline float mul_add(float a, float b, float c) {
-#if defined(__FMA__)
-  return std::fma(a, b, c);
-#else
-  return a * b + c;
-#endif
-}
 
 /// x[j] += slope * |diagonal - j| for j < n: ALiBi's linear bias on a row of scores (the
 /// column of distance 0 at `diagonal`). Scalar in every set, but compiled for the set's
