@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build libeigen3-dev libtbb-dev libgtest-dev libgmock-dev
-          libbenchmark-dev libopenblas-dev python3
+          libbenchmark-dev libopenblas-dev python3 python3-venv python3-dev  # python3-*: python/
           clang libclang-rt-14-dev libomp-14-dev  # the sanitizer and fuzzer builds (scripts/sanitize.sh)
           libopenmpi-dev openmpi-bin)            # ring attention over MPI (tileattn/distributed/)
 
