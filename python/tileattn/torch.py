@@ -1,0 +1,383 @@
+"""tileattn's kernels as PyTorch ops: ``torch.library`` custom ops with fake (meta)
+implementations, so ``torch.compile(fullgraph=True)`` traces them, and autograd.
+
+    import torch, tileattn.torch as ta
+    out = ta.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # SDPA's call
+    out, lse = ta.attention(q, k, v, causal=True, window=(256, 0), sinks=sinks)   # [B, N, H, D]
+
+Tensors are seen in place (any strides, no copy) through DLPack; the kernels run with the
+GIL released on ``torch.get_num_threads()`` threads. Storage types: float32, bfloat16, float16
+(float64 is refused: the kernels accumulate in float32, see docs/python.md).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+__all__ = [
+    "attention", "attention_varlen", "scaled_dot_product_attention", "forward_paged", "write_kv_slots",
+    "merge_states",
+]
+
+_STORAGE = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_storage(name: str, t: Tensor) -> None:
+    if t.dtype not in _STORAGE:
+        raise _C.InvalidArgument(
+            f"tileattn: {name}: must hold float32, bfloat16 or float16, got {str(t.dtype).replace('torch.', '')}"
+            + (" (the kernels accumulate in float32; cast to float32)" if t.dtype == torch.float64 else ""))
+    if t.device.type != "cpu":
+        raise _C.InvalidArgument(f"tileattn: {name}: must be on the CPU, got {t.device}")
+
+
+def _as_float(t: Optional[Tensor]) -> Optional[Tensor]:
+    """Sinks, ALiBi slopes and biases are float32 in the kernels: others are converted."""
+    if t is None:
+        return None
+    return t.detach() if t.dtype == torch.float32 else t.detach().float()
+
+
+def _options(scale: Optional[float], causal: bool, top_left: bool, window_left: int, window_right: int,
+             softcap: float, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], bias: Optional[Tensor],
+             mask: Optional[Tensor]) -> "_C.Options":
+    o = _C.Options()
+    o.softmax_scale = scale
+    o.causal = causal
+    o.top_left = top_left
+    o.window_left = window_left
+    o.window_right = window_right
+    o.softcap = softcap
+    o.alibi_slopes = _as_float(alibi_slopes)
+    o.sinks = _as_float(sinks)
+    o.bias = _as_float(bias)
+    o.mask = None if mask is None else mask.detach()
+    o.num_threads = torch.get_num_threads()
+    return o
+
+
+def _effective_q(q: Tensor, scale: Optional[float]) -> Tuple[Tensor, Optional[float], float]:
+    """PyTorch accepts any finite scale; the kernels take scale > 0. scale < 0 is -q at |scale|
+    and scale 0 is q = 0 at scale 1 (negation is exact), so the scores are the same.
+    Returns (q to run, scale to run, d(q run)/dq)."""
+    if scale is None or scale > 0 or not math.isfinite(scale):
+        return q, scale, 1.0
+    if scale < 0:
+        return -q, -scale, -1.0
+    return torch.zeros_like(q), 1.0, 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# The dense op: q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv] (tileattn's layout).
+
+@torch.library.custom_op("tileattn::fwd", mutates_args=(), device_types="cpu")
+def _fwd(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], causal: bool, top_left: bool,
+         window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+         sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_storage(name, t)
+    B, Nq, Hq, _ = q.shape
+    o = q.new_empty((B, Nq, Hq, v.shape[3]))
+    lse = q.new_empty((B, Hq, Nq), dtype=torch.float32)
+    q_run, scale_run, _ = _effective_q(q, scale)
+    _C.forward(q_run.detach(), k.detach(), v.detach(), o, lse,
+               _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks,
+                        bias, mask))
+    return o, lse
+
+
+@_fwd.register_fake
+def _(q, k, v, scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias, mask):
+    B, Nq, Hq, _ = q.shape
+    return q.new_empty((B, Nq, Hq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("tileattn::bwd", mutates_args=(), device_types="cpu")
+def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, scale: Optional[float],
+         causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
+         alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor],
+         want_dsinks: bool, want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    q_run, scale_run, dq_sign = _effective_q(q, scale)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    opts = _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias,
+                    mask)
+    dsinks = q.new_empty((q.shape[2] if want_dsinks else 0,), dtype=torch.float32)
+    dbias = q.new_empty(tuple(bias.shape) if want_dbias else (0, 0, 0, 0), dtype=torch.float32)
+    if want_dsinks:
+        opts.dsinks = dsinks
+    if want_dbias:
+        opts.dbias = dbias
+    _C.backward(q_run.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), dout.detach(), dq, dk, dv, opts)
+    if dq_sign != 1.0:
+        dq = dq.neg_() if dq_sign < 0 else dq.zero_()
+    return (dq, dk, dv, dsinks.to(sinks.dtype) if want_dsinks else dsinks,
+            dbias.to(bias.dtype) if want_dbias else dbias)
+
+
+@_bwd.register_fake
+def _(dout, q, k, v, o, lse, scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks,
+      bias, mask, want_dsinks, want_dbias):
+    dsinks = q.new_empty((q.shape[2] if want_dsinks else 0,),
+                         dtype=sinks.dtype if want_dsinks else torch.float32)
+    dbias = q.new_empty(tuple(bias.shape) if want_dbias else (0, 0, 0, 0),
+                        dtype=bias.dtype if want_dbias else torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks, dbias
+
+
+def _fwd_setup(ctx, inputs, output):
+    q, k, v, scale, causal, top_left, wl, wr, softcap, alibi, sinks, bias, mask = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, alibi, sinks, bias, mask)
+    ctx.mark_non_differentiable(lse)  # a statistic, as FlashAttention's: the gradient flows through out
+    ctx.args = (scale, causal, top_left, wl, wr, softcap)
+    ctx.want = (sinks is not None and ctx.needs_input_grad[10], bias is not None and ctx.needs_input_grad[11])
+
+
+def _fwd_backward(ctx, dout, dlse):
+    q, k, v, o, lse, alibi, sinks, bias, mask = ctx.saved_tensors
+    dq, dk, dv, dsinks, dbias = _bwd(dout.contiguous(), q, k, v, o, lse, *ctx.args, alibi, sinks, bias, mask,
+                                     *ctx.want)
+    return (dq, dk, dv, None, None, None, None, None, None, None, dsinks if ctx.want[0] else None,
+            dbias if ctx.want[1] else None, None)
+
+
+torch.library.register_autograd("tileattn::fwd", _fwd_backward, setup_context=_fwd_setup)
+
+
+def _bias_4d(bias: Optional[Tensor], B: int, H: int, Nq: int, Nk: int, name: str) -> Optional[Tensor]:
+    """A bias or mask broadcastable to [B, H, Nq, Nk] as the kernels take it: 4 dimensions, the
+    last two full (stride 0 where it broadcasts, no copy), the first two B or 1 and H or 1."""
+    if bias is None:
+        return None
+    if bias.dim() > 4:
+        raise _C.InvalidArgument(f"tileattn: {name}: must have at most 4 dimensions, got {bias.dim()}")
+    b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
+    try:
+        return b.expand(b.shape[0], b.shape[1], Nq, Nk)
+    except RuntimeError:
+        raise _C.InvalidArgument(
+            f"tileattn: {name}: shape {tuple(bias.shape)} does not broadcast to [{B}, {H}, {Nq}, {Nk}]") from None
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: Optional[float] = None, causal: bool = False,
+              top_left: bool = False, window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+              alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+              mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Attention in tileattn's (FlashAttention's) layout: q [B, Nq, Hq, D], k, v [B, Nk, Hkv, D(v)],
+    Hq % Hkv == 0. Returns (out [B, Nq, Hq, Dv], lse [B, Hq, Nq] float32). out is differentiable
+    in q, k, v, sinks and bias; lse is not (a statistic, as FlashAttention's softmax_lse).
+
+    causal: bottom-right aligned (FlashAttention >= 2.1) unless top_left (SDPA's is_causal).
+    window: (left, right), -1 unbounded. softcap > 0: Gemma-2's tanh cap. alibi_slopes [Hq] or
+    [B, Hq]; sinks [Hq] (a logit per head joining every row's denominator); bias (additive, any
+    float dtype) and mask (bool, True attends) broadcastable to [B, Hq, Nq, Nk].
+    softmax_scale: any finite value (default 1/sqrt(D)).
+    """
+    B, Nq, Hq, _ = q.shape
+    Nk = k.shape[1]
+    return _fwd(q, k, v, softmax_scale, causal, top_left, int(window[0]), int(window[1]), float(softcap),
+                alibi_slopes, sinks, _bias_4d(bias, B, Hq, Nq, Nk, "bias"), _bias_4d(mask, B, Hq, Nq, Nk, "mask"))
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``'s call and semantics on tileattn:
+    query [B, Hq, L, E] (or [Hq, L, E]), key [B, Hkv, S, E], value [B, Hkv, S, Ev]; attn_mask bool
+    (True attends) or float (added), broadcastable to [B, Hq, L, S]; is_causal top-left aligned;
+    enable_gqa lets Hkv divide Hq. A row that every mask entry hides gives 0 (SDPA's fused CPU
+    kernel gives 0 too). dropout_p must be 0. Returns [B, Hq, L, Ev] (a view of a [B, L, Hq, Ev]
+    tensor)."""
+    if dropout_p != 0.0:
+        raise _C.InvalidArgument(f"tileattn: dropout_p: must be 0 (tileattn has no dropout), got {dropout_p}")
+    squeeze = query.dim() == 3
+    if squeeze:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise _C.InvalidArgument(f"tileattn: query: must have 3 or 4 dimensions, got {query.dim()}")
+    if not enable_gqa and key.shape[1] != query.shape[1]:
+        raise _C.InvalidArgument(f"tileattn: enable_gqa: key has {key.shape[1]} heads and query "
+                                 f"{query.shape[1]}: pass enable_gqa=True for grouped-query attention")
+    bias = mask = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            mask = attn_mask
+        else:
+            bias = attn_mask
+    out, _ = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale,
+                       causal=is_causal, top_left=True, bias=bias, mask=mask)
+    out = out.transpose(1, 2)
+    return out.squeeze(0) if squeeze else out
+
+
+# ----------------------------------------------------------------------------------------------
+# Variable-length batches: q [total_q, Hq, D], k, v [total_k, Hkv, D(v)], cu_seqlens int32.
+
+@torch.library.custom_op("tileattn::varlen_fwd", mutates_args=(), device_types="cpu")
+def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                max_seqlen_k: int, scale: Optional[float], causal: bool, window_left: int, window_right: int,
+                softcap: float, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_storage(name, t)
+    o = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    q_run, scale_run, _ = _effective_q(q, scale)
+    _C.forward_varlen(q_run.detach(), k.detach(), v.detach(), o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                      max_seqlen_k, _options(scale_run, causal, False, window_left, window_right, softcap,
+                                             alibi_slopes, sinks, None, None))
+    return o, lse
+
+
+@_varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right,
+      softcap, alibi_slopes, sinks):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2])), q.new_empty((q.shape[1], q.shape[0]),
+                                                                          dtype=torch.float32)
+
+
+@torch.library.custom_op("tileattn::varlen_bwd", mutates_args=(), device_types="cpu")
+def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: Optional[float], causal: bool,
+                window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                sinks: Optional[Tensor], want_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    q_run, scale_run, dq_sign = _effective_q(q, scale)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    opts = _options(scale_run, causal, False, window_left, window_right, softcap, alibi_slopes, sinks, None, None)
+    dsinks = q.new_empty((q.shape[1] if want_dsinks else 0,), dtype=torch.float32)
+    if want_dsinks:
+        opts.dsinks = dsinks
+    _C.backward_varlen(q_run.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), dout.detach(), dq, dk, dv,
+                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts)
+    if dq_sign != 1.0:
+        dq = dq.neg_() if dq_sign < 0 else dq.zero_()
+    return dq, dk, dv, dsinks.to(sinks.dtype) if want_dsinks else dsinks
+
+
+@_varlen_bwd.register_fake
+def _(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
+      window_right, softcap, alibi_slopes, sinks, want_dsinks):
+    dsinks = q.new_empty((q.shape[1] if want_dsinks else 0,), dtype=sinks.dtype if want_dsinks else torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, alibi, sinks = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, sinks)
+    ctx.mark_non_differentiable(lse)
+    ctx.args = (max_q, max_k, scale, causal, wl, wr, softcap)
+    ctx.want_dsinks = sinks is not None and ctx.needs_input_grad[13]
+
+
+def _varlen_backward(ctx, dout, dlse):
+    q, k, v, o, lse, cu_q, cu_k, alibi, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = _varlen_bwd(dout.contiguous(), q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi, sinks,
+                                     ctx.want_dsinks)
+    return (dq, dk, dv) + (None,) * 10 + (dsinks if ctx.want_dsinks else None,)
+
+
+torch.library.register_autograd("tileattn::varlen_fwd", _varlen_backward, setup_context=_varlen_setup)
+
+
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, *, softmax_scale: Optional[float] = None,
+                     causal: bool = False, window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                     alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """FlashAttention's ``flash_attn_varlen_func``: packed q [total_q, Hq, D], k, v [total_k, Hkv, D(v)];
+    sequence b owns rows ``cu_seqlens[b]:cu_seqlens[b+1]`` (int32). Causal is bottom-right aligned
+    per sequence. Returns (out [total_q, Hq, Dv], lse [Hq, total_q]). Differentiable in q, k, v, sinks."""
+    return _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
+                       causal, int(window[0]), int(window[1]), float(softcap), alibi_slopes, sinks)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inference over paged caches (vLLM's pools and block tables), writing them, merging states.
+
+@torch.library.custom_op("tileattn::paged_fwd", mutates_args=(), device_types="cpu")
+def _paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+               scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+               alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], k_scale: Optional[Tensor],
+               v_scale: Optional[Tensor], kv_format: str, num_splits: int) -> Tuple[Tensor, Tensor]:
+    _check_storage("q", q)
+    B, Nq, Hq, _ = q.shape
+    o = q.new_empty((B, Nq, Hq, v_cache.shape[3]))
+    lse = q.new_empty((B, Hq, Nq), dtype=torch.float32)
+    q_run, scale_run, _ = _effective_q(q, scale)
+    opts = _options(scale_run, causal, False, window_left, window_right, softcap, alibi_slopes, sinks, None, None)
+    opts.k_scale = _as_float(k_scale)
+    opts.v_scale = _as_float(v_scale)
+    opts.num_splits = num_splits
+    _C.forward_paged(q_run, k_cache, v_cache, block_table, cache_seqlens, o, lse, opts, kv_format)
+    return o, lse
+
+
+@_paged_fwd.register_fake
+def _(q, k_cache, v_cache, block_table, cache_seqlens, scale, causal, window_left, window_right, softcap,
+      alibi_slopes, sinks, k_scale, v_scale, kv_format, num_splits):
+    B, Nq, Hq, _ = q.shape
+    return q.new_empty((B, Nq, Hq, v_cache.shape[3])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+def _scale_2d(s: Optional[Tensor]) -> Optional[Tensor]:
+    if s is None or s.dim() == 2:
+        return s
+    return s.reshape(1, -1) if s.dim() == 1 else s.reshape(1, 1)
+
+
+def forward_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor, *,
+                  softmax_scale: Optional[float] = None, causal: bool = False, window: Tuple[int, int] = (-1, -1),
+                  softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None,
+                  k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None, kv_format: str = "",
+                  num_splits: int = 0) -> Tuple[Tensor, Tensor]:
+    """``flash_attn_with_kvcache`` over vLLM-style pools: q [B, Nq, Hq, D] (Nq = 1 decodes),
+    k_cache / v_cache [num_pages, page_size, Hkv, D(v)] (any strides), block_table [B, max_pages]
+    and cache_seqlens [B] (int32). 8-bit pools: int8 with k_scale / v_scale ([num_pages or 1,
+    Hkv or 1], a 1-D [Hkv] or a scalar), or uint8 bytes of kv_format "fp8_e4m3" / "fp8_e5m2"
+    (torch.float8 tensors are passed as their bytes). Returns (out, lse). Inference only."""
+    if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kv_format = kv_format or ("fp8_e4m3" if k_cache.dtype == torch.float8_e4m3fn else "fp8_e5m2")
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    return _paged_fwd(q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, causal, int(window[0]),
+                      int(window[1]), float(softcap), alibi_slopes, sinks, _scale_2d(k_scale), _scale_2d(v_scale),
+                      kv_format, int(num_splits))
+
+
+@torch.library.custom_op("tileattn::write_kv_slots", mutates_args=("k_cache", "v_cache"), device_types="cpu")
+def _write_kv_slots(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+                    k_scale: Optional[Tensor], v_scale: Optional[Tensor], kv_format: str) -> None:
+    _C.write_kv_slots(k_new, v_new, k_cache, v_cache, slot_mapping, k_scale, v_scale, kv_format)
+
+
+def write_kv_slots(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+                   k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None, kv_format: str = "") -> None:
+    """vLLM's ``reshape_and_cache``: token i's rows of k_new, v_new [tokens, Hkv, D(v)] go to slot
+    ``slot_mapping[i]`` (int64; -1 skips) of the pools, in place. int8 pools grow their per-(page,
+    head) scales k_scale / v_scale [num_pages, Hkv] (float32, in place); fp8 pools take fixed ones."""
+    if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kv_format = kv_format or ("fp8_e4m3" if k_cache.dtype == torch.float8_e4m3fn else "fp8_e5m2")
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    _write_kv_slots(k_new, v_new, k_cache, v_cache, slot_mapping, k_scale, v_scale, kv_format)
+
+
+@torch.library.custom_op("tileattn::merge_states", mutates_args=(), device_types="cpu")
+def _merge_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    o = torch.empty_like(o_a)
+    lse = torch.empty_like(lse_a, dtype=torch.float32)
+    _C.merge_states(o_a, lse_a, o_b, lse_b, o, lse, torch.get_num_threads())
+    return o, lse
+
+
+@_merge_states.register_fake
+def _(o_a, lse_a, o_b, lse_b):
+    return torch.empty_like(o_a), torch.empty_like(lse_a, dtype=torch.float32)
+
+
+def merge_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """The attention over two disjoint key sets' union from each one's (out [B, N, H, Dv],
+    lse [B, H, N]): FlashInfer's merge_state. Returns (out, lse)."""
+    return _merge_states(o_a, lse_a, o_b, lse_b)
