@@ -71,7 +71,8 @@ constexpr Element element_for() {
   else if constexpr (std::is_same_v<U, bf16>) return Element::bfloat16;
   else if constexpr (std::is_same_v<U, fp16>) return Element::float16;
   else if constexpr (std::is_same_v<U, std::int8_t>) return Element::int8;
-  else if constexpr (std::is_same_v<U, fp8_e4m3> || std::is_same_v<U, fp8_e5m2>) return Element::uint8;
+  else if constexpr (std::is_same_v<U, fp8_e4m3> || std::is_same_v<U, fp8_e5m2> || std::is_same_v<U, std::uint8_t>)
+    return Element::uint8;
   else if constexpr (std::is_same_v<U, std::int32_t>) return Element::int32;
   else if constexpr (std::is_same_v<U, std::int64_t>) return Element::int64;
   else if constexpr (std::is_same_v<U, bool>) return Element::boolean;

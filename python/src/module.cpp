@@ -1,5 +1,5 @@
 // python/src/module.cpp: the extension module tileattn._C: its exceptions, the Options object,
-// the kernel set this process runs, and the calls registered by attention.cpp and paged.cpp.
+// the kernel set this process runs, and the calls registered by attention.cpp, paged.cpp and flex.cpp.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -66,4 +66,5 @@ NB_MODULE(_C, m) {
 
   tileattn::python::bind_attention(m);
   tileattn::python::bind_paged(m);
+  tileattn::python::bind_flex(m);
 }

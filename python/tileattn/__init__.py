@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import _C
+from . import _C, flex
 from ._C import BudgetError, InvalidArgument, OutOfPages
 
 __version__ = "0.1.0"
@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "InvalidArgument", "BudgetError", "OutOfPages", "active_isa", "attention", "attention_backward",
     "attention_varlen", "attention_varlen_backward", "forward_paged", "write_kv_slots", "merge_states",
-    "make_options",
+    "make_options", "flex_attention", "flex_attention_backward",
 ]
 
 
@@ -136,3 +136,24 @@ def merge_states(o_a, lse_a, o_b, lse_b, num_threads: int = 0):
     lse = np.empty_like(lse_a, dtype=np.float32)
     _C.merge_states(o_a, lse_a, o_b, lse_b, o, lse, int(num_threads))
     return o, lse
+
+
+def flex_attention(q, k, v, *, mask=None, score_mod=None, block_size=(128, 128), return_lse: bool = True,
+                   **options):
+    """Flexible attention over the menu of ``tileattn.flex``: ``mask`` a list of clauses
+    (ANDed), ``score_mod`` None or ``flex.RelativeBias``; ``options`` are ``make_options``'s
+    (softcap, ALiBi, bias... apply before the score_mod). Returns ``(o, lse)``."""
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    o = _empty(q.shape[:3] + v.shape[3:], q)
+    lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), np.float32) if return_lse else None
+    _C.forward_flex(q, k, v, o, lse, make_options(**options), flex.spec(mask, score_mod, block_size))
+    return (o, lse) if return_lse else o
+
+
+def flex_attention_backward(dout, q, k, v, o, lse, *, mask=None, score_mod=None, block_size=(128, 128),
+                            **options):
+    """dQ, dK, dV of ``flex_attention`` with the same mask, score_mod and options."""
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    _C.backward_flex(q, k, v, o, lse, dout, dq, dk, dv, make_options(**options),
+                     flex.spec(mask, score_mod, block_size))
+    return dq, dk, dv

@@ -18,10 +18,12 @@ import torch
 from torch import Tensor
 
 from . import _C
+from ._errors import invalid as _invalid
+from . import flex as _flex
 
 __all__ = [
     "attention", "attention_varlen", "scaled_dot_product_attention", "forward_paged", "write_kv_slots",
-    "merge_states",
+    "merge_states", "flex_attention",
 ]
 
 _STORAGE = (torch.float32, torch.bfloat16, torch.float16)
@@ -29,11 +31,11 @@ _STORAGE = (torch.float32, torch.bfloat16, torch.float16)
 
 def _check_storage(name: str, t: Tensor) -> None:
     if t.dtype not in _STORAGE:
-        raise _C.InvalidArgument(
-            f"tileattn: {name}: must hold float32, bfloat16 or float16, got {str(t.dtype).replace('torch.', '')}"
+        raise _invalid(
+            name, f"must hold float32, bfloat16 or float16, got {str(t.dtype).replace('torch.', '')}"
             + (" (the kernels accumulate in float32; cast to float32)" if t.dtype == torch.float64 else ""))
     if t.device.type != "cpu":
-        raise _C.InvalidArgument(f"tileattn: {name}: must be on the CPU, got {t.device}")
+        raise _invalid(name, f"must be on the CPU, got {t.device}")
 
 
 def _as_float(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -155,13 +157,13 @@ def _bias_4d(bias: Optional[Tensor], B: int, H: int, Nq: int, Nk: int, name: str
     if bias is None:
         return None
     if bias.dim() > 4:
-        raise _C.InvalidArgument(f"tileattn: {name}: must have at most 4 dimensions, got {bias.dim()}")
+        raise _invalid(name, f"must have at most 4 dimensions, got {bias.dim()}")
     b = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)) if bias.dim() < 4 else bias
     try:
         return b.expand(b.shape[0], b.shape[1], Nq, Nk)
     except RuntimeError:
-        raise _C.InvalidArgument(
-            f"tileattn: {name}: shape {tuple(bias.shape)} does not broadcast to [{B}, {H}, {Nq}, {Nk}]") from None
+        raise _invalid(
+            name, f"shape {tuple(bias.shape)} does not broadcast to [{B}, {H}, {Nq}, {Nk}]") from None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: Optional[float] = None, causal: bool = False,
@@ -194,14 +196,14 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     kernel gives 0 too). dropout_p must be 0. Returns [B, Hq, L, Ev] (a view of a [B, L, Hq, Ev]
     tensor)."""
     if dropout_p != 0.0:
-        raise _C.InvalidArgument(f"tileattn: dropout_p: must be 0 (tileattn has no dropout), got {dropout_p}")
+        raise _invalid("dropout_p", f"must be 0 (tileattn has no dropout), got {dropout_p}")
     squeeze = query.dim() == 3
     if squeeze:
         query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        raise _C.InvalidArgument(f"tileattn: query: must have 3 or 4 dimensions, got {query.dim()}")
+        raise _invalid("query", f"must have 3 or 4 dimensions, got {query.dim()}")
     if not enable_gqa and key.shape[1] != query.shape[1]:
-        raise _C.InvalidArgument(f"tileattn: enable_gqa: key has {key.shape[1]} heads and query "
+        raise _invalid("enable_gqa", f"key has {key.shape[1]} heads and query "
                                  f"{query.shape[1]}: pass enable_gqa=True for grouped-query attention")
     bias = mask = None
     if attn_mask is not None:
@@ -381,3 +383,97 @@ def merge_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tupl
     """The attention over two disjoint key sets' union from each one's (out [B, N, H, Dv],
     lse [B, H, N]): FlashInfer's merge_state. Returns (out, lse)."""
     return _merge_states(o_a, lse_a, o_b, lse_b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Flexible attention over tileattn.flex's menu (masks ANDed, a relative-bias score_mod).
+
+def _flex_spec(clauses: List[int], doc_q: Optional[Tensor], doc_kv: Optional[Tensor], layout: Optional[Tensor],
+               table: Optional[Tensor], max_distance: int, block_q: int, block_kv: int) -> "_C.FlexSpec":
+    s = _C.FlexSpec()
+    s.clauses = list(clauses)
+    s.doc_q, s.doc_kv, s.layout = doc_q, doc_kv, layout
+    s.table = None if table is None else _as_float(table).reshape(-1)
+    s.max_distance, s.block_q, s.block_kv = max_distance, block_q, block_kv
+    return s
+
+
+@torch.library.custom_op("tileattn::flex_fwd", mutates_args=(), device_types="cpu")
+def _flex_fwd(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], softcap: float,
+              alibi_slopes: Optional[Tensor], clauses: List[int], doc_q: Optional[Tensor], doc_kv: Optional[Tensor],
+              layout: Optional[Tensor], table: Optional[Tensor], max_distance: int, block_q: int,
+              block_kv: int) -> Tuple[Tensor, Tensor]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_storage(name, t)
+    B, Nq, Hq, _ = q.shape
+    o = q.new_empty((B, Nq, Hq, v.shape[3]))
+    lse = q.new_empty((B, Hq, Nq), dtype=torch.float32)
+    q_run, scale_run, _ = _effective_q(q, scale)
+    _C.forward_flex(q_run.detach(), k.detach(), v.detach(), o, lse,
+                    _options(scale_run, False, False, -1, -1, softcap, alibi_slopes, None, None, None),
+                    _flex_spec(clauses, doc_q, doc_kv, layout, table, max_distance, block_q, block_kv))
+    return o, lse
+
+
+@_flex_fwd.register_fake
+def _(q, k, v, scale, softcap, alibi_slopes, clauses, doc_q, doc_kv, layout, table, max_distance, block_q,
+      block_kv):
+    B, Nq, Hq, _ = q.shape
+    return q.new_empty((B, Nq, Hq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("tileattn::flex_bwd", mutates_args=(), device_types="cpu")
+def _flex_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, scale: Optional[float],
+              softcap: float, alibi_slopes: Optional[Tensor], clauses: List[int], doc_q: Optional[Tensor],
+              doc_kv: Optional[Tensor], layout: Optional[Tensor], table: Optional[Tensor], max_distance: int,
+              block_q: int, block_kv: int) -> Tuple[Tensor, Tensor, Tensor]:
+    q_run, scale_run, dq_sign = _effective_q(q, scale)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _C.backward_flex(q_run.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), dout.detach(), dq, dk, dv,
+                     _options(scale_run, False, False, -1, -1, softcap, alibi_slopes, None, None, None),
+                     _flex_spec(clauses, doc_q, doc_kv, layout, table, max_distance, block_q, block_kv))
+    if dq_sign != 1.0:
+        dq = dq.neg_() if dq_sign < 0 else dq.zero_()
+    return dq, dk, dv
+
+
+@_flex_bwd.register_fake
+def _(dout, q, k, v, o, lse, scale, softcap, alibi_slopes, clauses, doc_q, doc_kv, layout, table, max_distance,
+      block_q, block_kv):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _flex_setup(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.args = inputs[3:]
+    ctx.mark_non_differentiable(lse)
+
+
+def _flex_backward(ctx, dout, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _flex_bwd(dout.contiguous(), q, k, v, o, lse, *ctx.args)
+    return (dq, dk, dv) + (None,) * 11
+
+
+torch.library.register_autograd("tileattn::flex_fwd", _flex_backward, setup_context=_flex_setup)
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Sequence] = None,
+                   score_mod: Optional[_flex.RelativeBias] = None, block_size: Tuple[int, int] = (128, 128),
+                   softmax_scale: Optional[float] = None, softcap: float = 0.0,
+                   alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """FlexAttention over ``tileattn.flex``'s menu, forward and backward (PyTorch's CPU
+    FlexAttention has no backward): q [B, Nq, Hq, D], k, v [B, Nk, Hkv, D(v)] (tileattn's
+    layout); ``mask`` a list of clauses (``flex.Causal()``, ``flex.Document(ids)``,
+    ``flex.SlidingWindow(...)``, ``flex.PrefixLM(n)``, ``flex.GlobalWindow(...)``,
+    ``flex.DilatedWindow(...)``, ``flex.BlockSparse(layout, block)``) ANDed; ``score_mod`` None
+    or ``flex.RelativeBias(table, max_distance)`` (the table is not trained). ``block_size``:
+    the block mask's (query, key) block. Returns (out, lse); out is differentiable in q, k, v."""
+    cl, doc_q, doc_kv, layout = _flex.clauses(mask)
+    table, max_distance = (None, 0) if score_mod is None else (score_mod.table, int(score_mod.max_distance))
+    if score_mod is not None and not isinstance(score_mod, _flex.RelativeBias):
+        raise _invalid("score_mod", f"{score_mod!r} is not tileattn.flex.RelativeBias")
+    return _flex_fwd(q, k, v, softmax_scale, float(softcap), alibi_slopes, list(cl), doc_q, doc_kv, layout, table,
+                     max_distance, int(block_size[0]), int(block_size[1]))
