@@ -378,3 +378,34 @@ def test_errors_name_the_parameter_and_write_nothing():
 
 def test_active_isa_is_reported():
     assert tileattn.active_isa() in ("avx512-bf16+amx", "avx512-bf16", "avx512", "avx2", "generic")
+
+
+def test_opcheck_every_op():
+    """torch.library.opcheck: schema, fake (meta) implementations, autograd registration and
+    AOT dispatch of each op, on the registered ops themselves (the wrappers call the
+    implementation directly when nothing traces and no gradient is asked for)."""
+    q, k, v = randn(1, 6, 4, 16, seed=1), randn(1, 9, 2, 16, seed=2), randn(1, 9, 2, 16, seed=3)
+    sinks, bias = randn(4, seed=4), randn(1, 4, 6, 9, seed=5)
+    for t in (q, k, v, sinks, bias):
+        t.requires_grad_(True)
+    ops = torch.ops.tileattn
+    torch.library.opcheck(ops.fwd, (q, k, v, 0.5, True, False, -1, -1, 0.0, None, sinks, bias, None))
+    o, lse = ops.fwd(q, k, v, None, False, False, -1, -1, 0.0, None, None, None, None)
+    # The backward has no backward of its own (no double backward): its inputs need no gradient.
+    d = [t.detach() for t in (q, k, v, sinks, bias)]
+    torch.library.opcheck(ops.bwd, (o.detach(), d[0], d[1], d[2], o.detach(), lse, None, False, False, -1, -1, 0.0,
+                                    None, d[3], d[4], None, True, True))
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    torch.library.opcheck(ops.varlen_fwd, (q[0], k[0, :6], v[0, :6], cu, cu, 4, 4, None, True, -1, -1, 0.0, None,
+                                           None))
+    k_pool, v_pool = randn(3, 4, 2, 16, seed=6), randn(3, 4, 2, 16, seed=7)
+    table, lens = torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([7], dtype=torch.int32)
+    torch.library.opcheck(ops.paged_fwd, (q[:, :1].detach(), k_pool, v_pool, table, lens, None, False, -1, -1, 0.0,
+                                          None, None, None, None, "", 0))
+    torch.library.opcheck(ops.merge_states, (o.detach(), lse, o.detach(), lse))
+    ids = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2], dtype=torch.int32)
+    torch.library.opcheck(ops.flex_fwd, (q, k, v, None, 0.0, None, [0, 3, 0, 0, 2, 0, 0, 0], ids, ids, None, None, 0,
+                                         4, 4))
+    slots = torch.tensor([0, 5, -1], dtype=torch.int64)
+    torch.library.opcheck(ops.write_kv_slots, (k[0, :3].detach(), v[0, :3].detach(), k_pool.clone(), v_pool.clone(),
+                                               slots, None, None, ""))

@@ -38,8 +38,37 @@ def _check_storage(name: str, t: Tensor) -> None:
         raise _invalid(name, f"must be on the CPU, got {t.device}")
 
 
+def _eager(*tensors: Optional[Tensor]) -> bool:
+    """Whether a call may run the op's implementation directly, below PyTorch's dispatcher
+    (which costs ~16 us a call, a few percent of a decode step): plain CPU tensors, no
+    gradient asked for, and nothing tracing or transforming the call (torch.compile, FX,
+    functorch, dispatch and function modes). Otherwise the registered op runs."""
+    if torch.compiler.is_compiling() or _modes_active():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+def _modes_active() -> bool:
+    c = torch._C
+    for name in ("_are_functorch_transforms_active", "_len_torch_dispatch_stack", "_len_torch_function_stack"):
+        f = getattr(c, name, None)
+        if f is None or f():
+            return True
+    return False
+
+
+def _float32(t: Optional[Tensor]) -> Optional[Tensor]:
+    """t in float32 (a differentiable conversion where it is another dtype): sinks, ALiBi slopes,
+    biases and tables are float32 in the kernels."""
+    return t if t is None or t.dtype == torch.float32 else t.float()
+
+
 def _as_float(t: Optional[Tensor]) -> Optional[Tensor]:
-    """Sinks, ALiBi slopes and biases are float32 in the kernels: others are converted."""
+    """The same, detached, inside an op (a caller that bypassed the wrappers)."""
     if t is None:
         return None
     return t.detach() if t.dtype == torch.float32 else t.detach().float()
@@ -77,8 +106,7 @@ def _effective_q(q: Tensor, scale: Optional[float]) -> Tuple[Tensor, Optional[fl
 # ----------------------------------------------------------------------------------------------
 # The dense op: q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv] (tileattn's layout).
 
-@torch.library.custom_op("tileattn::fwd", mutates_args=(), device_types="cpu")
-def _fwd(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], causal: bool, top_left: bool,
+def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], causal: bool, top_left: bool,
          window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
          sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -91,6 +119,9 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], causal: bool, 
                _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks,
                         bias, mask))
     return o, lse
+
+
+_fwd = torch.library.custom_op("tileattn::fwd", _fwd_impl, mutates_args=(), device_types="cpu")
 
 
 @_fwd.register_fake
@@ -182,8 +213,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: Optional[float]
     """
     B, Nq, Hq, _ = q.shape
     Nk = k.shape[1]
-    return _fwd(q, k, v, softmax_scale, causal, top_left, int(window[0]), int(window[1]), float(softcap),
-                alibi_slopes, sinks, _bias_4d(bias, B, Hq, Nq, Nk, "bias"), _bias_4d(mask, B, Hq, Nq, Nk, "mask"))
+    # float32 before broadcasting: a [B, 1, 1, S] bf16 bias converts S values, not Nq x S (the
+    # conversion is differentiable: dbias comes back in the bias's dtype).
+    bias = _bias_4d(_float32(bias), B, Hq, Nq, Nk, "bias")
+    mask = _bias_4d(mask, B, Hq, Nq, Nk, "mask")
+    sinks, alibi_slopes = _float32(sinks), _float32(alibi_slopes)
+    op = _fwd_impl if _eager(q, k, v, alibi_slopes, sinks, bias, mask) else _fwd
+    return op(q, k, v, softmax_scale, causal, top_left, int(window[0]), int(window[1]), float(softcap), alibi_slopes,
+              sinks, bias, mask)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
@@ -220,8 +257,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 # ----------------------------------------------------------------------------------------------
 # Variable-length batches: q [total_q, Hq, D], k, v [total_k, Hkv, D(v)], cu_seqlens int32.
 
-@torch.library.custom_op("tileattn::varlen_fwd", mutates_args=(), device_types="cpu")
-def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                 max_seqlen_k: int, scale: Optional[float], causal: bool, window_left: int, window_right: int,
                 softcap: float, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -233,6 +269,9 @@ def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlen
                       max_seqlen_k, _options(scale_run, causal, False, window_left, window_right, softcap,
                                              alibi_slopes, sinks, None, None))
     return o, lse
+
+
+_varlen_fwd = torch.library.custom_op("tileattn::varlen_fwd", _varlen_fwd_impl, mutates_args=(), device_types="cpu")
 
 
 @_varlen_fwd.register_fake
@@ -293,15 +332,16 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
     """FlashAttention's ``flash_attn_varlen_func``: packed q [total_q, Hq, D], k, v [total_k, Hkv, D(v)];
     sequence b owns rows ``cu_seqlens[b]:cu_seqlens[b+1]`` (int32). Causal is bottom-right aligned
     per sequence. Returns (out [total_q, Hq, Dv], lse [Hq, total_q]). Differentiable in q, k, v, sinks."""
-    return _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-                       causal, int(window[0]), int(window[1]), float(softcap), alibi_slopes, sinks)
+    sinks, alibi_slopes = _float32(sinks), _float32(alibi_slopes)
+    op = _varlen_fwd_impl if _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks) else _varlen_fwd
+    return op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, causal,
+              int(window[0]), int(window[1]), float(softcap), alibi_slopes, sinks)
 
 
 # ----------------------------------------------------------------------------------------------
 # Inference over paged caches (vLLM's pools and block tables), writing them, merging states.
 
-@torch.library.custom_op("tileattn::paged_fwd", mutates_args=(), device_types="cpu")
-def _paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+def _paged_fwd_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
                scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], k_scale: Optional[Tensor],
                v_scale: Optional[Tensor], kv_format: str, num_splits: int) -> Tuple[Tensor, Tensor]:
@@ -316,6 +356,9 @@ def _paged_fwd(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
     opts.num_splits = num_splits
     _C.forward_paged(q_run, k_cache, v_cache, block_table, cache_seqlens, o, lse, opts, kv_format)
     return o, lse
+
+
+_paged_fwd = torch.library.custom_op("tileattn::paged_fwd", _paged_fwd_impl, mutates_args=(), device_types="cpu")
 
 
 @_paged_fwd.register_fake
@@ -344,15 +387,20 @@ def forward_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tens
     if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         kv_format = kv_format or ("fp8_e4m3" if k_cache.dtype == torch.float8_e4m3fn else "fp8_e5m2")
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    return _paged_fwd(q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, causal, int(window[0]),
-                      int(window[1]), float(softcap), alibi_slopes, sinks, _scale_2d(k_scale), _scale_2d(v_scale),
-                      kv_format, int(num_splits))
+    k_scale, v_scale = _scale_2d(k_scale), _scale_2d(v_scale)
+    op = _paged_fwd_impl if _eager(q, k_cache, v_cache, block_table, cache_seqlens, alibi_slopes, sinks, k_scale,
+                                   v_scale) else _paged_fwd
+    return op(q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, causal, int(window[0]), int(window[1]),
+              float(softcap), alibi_slopes, sinks, k_scale, v_scale, kv_format, int(num_splits))
 
 
-@torch.library.custom_op("tileattn::write_kv_slots", mutates_args=("k_cache", "v_cache"), device_types="cpu")
-def _write_kv_slots(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+def _write_kv_slots_impl(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
                     k_scale: Optional[Tensor], v_scale: Optional[Tensor], kv_format: str) -> None:
     _C.write_kv_slots(k_new, v_new, k_cache, v_cache, slot_mapping, k_scale, v_scale, kv_format)
+
+
+_write_kv_slots = torch.library.custom_op("tileattn::write_kv_slots", _write_kv_slots_impl,
+                                          mutates_args=("k_cache", "v_cache"), device_types="cpu")
 
 
 def write_kv_slots(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
@@ -363,15 +411,19 @@ def write_kv_slots(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tenso
     if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         kv_format = kv_format or ("fp8_e4m3" if k_cache.dtype == torch.float8_e4m3fn else "fp8_e5m2")
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    _write_kv_slots(k_new, v_new, k_cache, v_cache, slot_mapping, k_scale, v_scale, kv_format)
+    op = _write_kv_slots_impl if _eager(k_new, v_new, k_cache, v_cache, slot_mapping, k_scale,
+                                        v_scale) else _write_kv_slots
+    op(k_new, v_new, k_cache, v_cache, slot_mapping, k_scale, v_scale, kv_format)
 
 
-@torch.library.custom_op("tileattn::merge_states", mutates_args=(), device_types="cpu")
-def _merge_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+def _merge_states_impl(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     o = torch.empty_like(o_a)
     lse = torch.empty_like(lse_a, dtype=torch.float32)
     _C.merge_states(o_a, lse_a, o_b, lse_b, o, lse, torch.get_num_threads())
     return o, lse
+
+
+_merge_states = torch.library.custom_op("tileattn::merge_states", _merge_states_impl, mutates_args=(), device_types="cpu")
 
 
 @_merge_states.register_fake
@@ -382,7 +434,8 @@ def _(o_a, lse_a, o_b, lse_b):
 def merge_states(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """The attention over two disjoint key sets' union from each one's (out [B, N, H, Dv],
     lse [B, H, N]): FlashInfer's merge_state. Returns (out, lse)."""
-    return _merge_states(o_a, lse_a, o_b, lse_b)
+    op = _merge_states_impl if _eager(o_a, lse_a, o_b, lse_b) else _merge_states
+    return op(o_a, lse_a, o_b, lse_b)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -398,8 +451,7 @@ def _flex_spec(clauses: List[int], doc_q: Optional[Tensor], doc_kv: Optional[Ten
     return s
 
 
-@torch.library.custom_op("tileattn::flex_fwd", mutates_args=(), device_types="cpu")
-def _flex_fwd(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], softcap: float,
+def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], softcap: float,
               alibi_slopes: Optional[Tensor], clauses: List[int], doc_q: Optional[Tensor], doc_kv: Optional[Tensor],
               layout: Optional[Tensor], table: Optional[Tensor], max_distance: int, block_q: int,
               block_kv: int) -> Tuple[Tensor, Tensor]:
@@ -413,6 +465,9 @@ def _flex_fwd(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], softcap: 
                     _options(scale_run, False, False, -1, -1, softcap, alibi_slopes, None, None, None),
                     _flex_spec(clauses, doc_q, doc_kv, layout, table, max_distance, block_q, block_kv))
     return o, lse
+
+
+_flex_fwd = torch.library.custom_op("tileattn::flex_fwd", _flex_fwd_impl, mutates_args=(), device_types="cpu")
 
 
 @_flex_fwd.register_fake
@@ -475,5 +530,7 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Optional[Sequence] 
     table, max_distance = (None, 0) if score_mod is None else (score_mod.table, int(score_mod.max_distance))
     if score_mod is not None and not isinstance(score_mod, _flex.RelativeBias):
         raise _invalid("score_mod", f"{score_mod!r} is not tileattn.flex.RelativeBias")
-    return _flex_fwd(q, k, v, softmax_scale, float(softcap), alibi_slopes, list(cl), doc_q, doc_kv, layout, table,
-                     max_distance, int(block_size[0]), int(block_size[1]))
+    alibi_slopes, table = _float32(alibi_slopes), _float32(table)
+    op = _flex_fwd_impl if _eager(q, k, v, alibi_slopes, doc_q, doc_kv, layout, table) else _flex_fwd
+    return op(q, k, v, softmax_scale, float(softcap), alibi_slopes, list(cl), doc_q, doc_kv, layout, table,
+              max_distance, int(block_size[0]), int(block_size[1]))
