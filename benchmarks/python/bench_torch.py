@@ -15,7 +15,8 @@
 #             pages [pages, 16, Hkv, D] reached through a shuffled block table. Caches are warm
 #             (the same K/V every call); the three outputs are checked against each other first.
 #   overhead  the fixed cost of one call, on a tiny problem (1 query, 16 keys, 1 head, d 16):
-#             tileattn._C.forward called directly (prebuilt Options, preallocated outputs), the
+#             tileattn._C.forward called directly (DLPack capsules, prebuilt Options, preallocated
+#             outputs: the extension and the tiny kernel), the
 #             same plus what tileattn.torch's op body adds (Options, outputs), the registered op
 #             torch.ops.tileattn.fwd through the dispatcher, tileattn.torch.attention (the public
 #             call), the same with inputs that require grad (autograd), and SDPA; the custom-op
@@ -210,14 +211,16 @@ def overhead_calls():
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     op = torch.ops.tileattn.fwd
 
-    def c_direct():
-        _C.forward(q, k, v, o, lse, opts)
+    to_dlpack = torch.utils.dlpack.to_dlpack
+
+    def c_direct():  # the extension alone: tensors as DLPack capsules, as tileattn.torch passes them
+        _C.forward(to_dlpack(q), to_dlpack(k), to_dlpack(v), to_dlpack(o), to_dlpack(lse), opts)
 
     def op_body():  # what tileattn.torch's op body does around _C.forward, without the dispatcher
         o2 = q.new_empty((1, 1, 1, 16))
         lse2 = q.new_empty((1, 1, 1), dtype=torch.float32)
-        _C.forward(q.detach(), k.detach(), v.detach(), o2, lse2,
-                   ta._options(None, True, False, -1, -1, 0.0, None, None, None, None))
+        ta._run(_C.forward, q.detach(), k.detach(), v.detach(), o2, lse2,
+                ta._options(None, True, False, -1, -1, 0.0, None, None, None, None))
 
     def dispatcher():
         with torch.no_grad():
