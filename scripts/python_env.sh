@@ -11,7 +11,9 @@ what="${2:-build}"
 python="${PYTHON:-python3}"
 
 [[ -x "$venv/bin/python" ]] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+# --no-compile: no .pyc for the thousands of modules of torch that the tests never import
+# (Python compiles the ones they do on first import).
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile)
 "${pip[@]}" "nanobind>=2.0" "scikit-build-core>=0.10" numpy pytest
 if [[ "$what" == test ]]; then
   # PyPI's torch wheel for Linux brings its CUDA libraries (~3 GB, about a minute here); the
