@@ -70,7 +70,7 @@ def test_flex_matches_float64(name, relative, dtype):
         bias = table[:, dist].unsqueeze(0)  # [1, HQ, NQ, NK]
 
     def run(fn, run_dtype):
-        ins = [t.to(run_dtype).requires_grad_(True) for t in (q0, k0, v0)]
+        ins = [t.detach().to(run_dtype, copy=True).requires_grad_(True) for t in (q0, k0, v0)]
         o = fn(*ins)
         o.backward(dout.to(run_dtype))
         return [o.detach()] + [t.grad for t in ins]

@@ -201,9 +201,9 @@ def test_options_forward_and_gradients_against_float64(case, dtype):
     dout = randn(B, Nq, Hq, D, seed=4)
 
     def run(fn, run_dtype, **extra):
-        ins = [t.to(run_dtype).requires_grad_(True) for t in (q0, k0, v0)]
-        s = None if sinks is None else sinks.to(run_dtype).requires_grad_(True)
-        b = None if bias is None else bias.to(run_dtype).requires_grad_(True)
+        ins = [t.detach().to(run_dtype, copy=True).requires_grad_(True) for t in (q0, k0, v0)]
+        s = None if sinks is None else sinks.detach().to(run_dtype, copy=True).requires_grad_(True)
+        b = None if bias is None else bias.detach().to(run_dtype, copy=True).requires_grad_(True)
         o, _ = fn(*ins, alibi=alibi, sinks=s, bias=b, **rest, **extra)
         o.backward(dout.to(run_dtype))
         grads = [t.grad for t in ins] + ([s.grad] if s is not None else []) + ([b.grad] if b is not None else [])
@@ -409,3 +409,27 @@ def test_opcheck_every_op():
     slots = torch.tensor([0, 5, -1], dtype=torch.int64)
     torch.library.opcheck(ops.write_kv_slots, (k[0, :3].detach(), v[0, :3].detach(), k_pool.clone(), v_pool.clone(),
                                                slots, None, None, ""))
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 11), (9, 11), (2, 4, 9, 11)], ids=["padding", "2d", "full"])
+def test_float_mask_gradient_sums_over_its_broadcast_dimensions(shape):
+    """A float attn_mask that requires grad gets d(loss)/d(mask) in its own shape (and dtype),
+    summed over the dimensions it broadcasts, as SDPA's float64 autograd gives it."""
+    q, k, v = sdpa_inputs(2, 4, 2, 9, 11, 16, 16, seed=21)
+    m0 = randn(*shape, seed=22)
+    dout = randn(2, 4, 9, 16, seed=23)
+
+    def grad(fn, dtype):
+        m = m0.detach().to(dtype).clone().requires_grad_(True)
+        fn(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=m, enable_gqa=True).backward(dout.to(dtype))
+        return m.grad
+
+    want = grad(F.scaled_dot_product_attention, torch.float64)
+    naive = grad(F.scaled_dot_product_attention, torch.float32)
+    got = grad(ta.scaled_dot_product_attention, torch.float32)
+    assert got.shape == m0.shape and got.dtype == torch.float32
+    assert err(got, want) <= 3 * err(naive, want) + 1e-5
+    # bf16 in, bf16 gradient out
+    mb = m0.detach().to(torch.bfloat16).requires_grad_(True)
+    ta.scaled_dot_product_attention(q, k, v, attn_mask=mb, enable_gqa=True).backward(dout)
+    assert mb.grad.dtype == torch.bfloat16 and mb.grad.shape == m0.shape
