@@ -7,6 +7,7 @@
 
 #include "dispatch.hpp"
 #include "options.hpp"
+#include "views.hpp"
 #include "tileattn/backward.hpp"
 #include "tileattn/forward.hpp"
 
@@ -18,14 +19,10 @@ void forward(const InArray& q, const InArray& k, const InArray& v, const OutArra
              const Options& options) {
   with_storage_type(q, "q", [&](auto t) {
     using T = decltype(t);
-    const auto qv = view_of<const T, 4>(q, "q");
-    const auto kv = view_of<const T, 4>(k, "k");
-    const auto vv = view_of<const T, 4>(v, "v");
-    const auto ov = view_of<T, 4>(o, "o");
-    const auto lv = view_of<float, 3>(lse, "lse");
+    const ForwardViews<T, 4> a(q, k, v, o, lse);
     const ForwardOptions f = forward_options(options);
     nb::gil_scoped_release release;
-    tileattn::forward(qv, kv, vv, ov, lv, f);
+    tileattn::forward(a.q, a.k, a.v, a.o, a.lse, f);
   });
 }
 
@@ -33,18 +30,10 @@ void backward(const InArray& q, const InArray& k, const InArray& v, const InArra
               const InArray& dout, const OutArray& dq, const OutArray& dk, const OutArray& dv, const Options& options) {
   with_storage_type(q, "q", [&](auto t) {
     using T = decltype(t);
-    const auto qv = view_of<const T, 4>(q, "q");
-    const auto kv = view_of<const T, 4>(k, "k");
-    const auto vv = view_of<const T, 4>(v, "v");
-    const auto ov = view_of<const T, 4>(o, "o");
-    const auto lv = view_of<const float, 3>(lse, "lse");
-    const auto dov = view_of<const T, 4>(dout, "dout");
-    const auto dqv = view_of<T, 4>(dq, "dq");
-    const auto dkv = view_of<T, 4>(dk, "dk");
-    const auto dvv = view_of<T, 4>(dv, "dv");
+    const BackwardViews<T, 4> a(q, k, v, o, lse, dout, dq, dk, dv);
     const BackwardOptions b = backward_options(options);
     nb::gil_scoped_release release;
-    tileattn::backward(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv, b);
+    tileattn::backward(a.q, a.k, a.v, a.o, a.lse, a.dout, a.dq, a.dk, a.dv, b);
   });
 }
 
@@ -60,15 +49,11 @@ void forward_varlen(const InArray& q, const InArray& k, const InArray& v, const 
                     index_t max_seqlen_k, const Options& options) {
   with_storage_type(q, "q", [&](auto t) {
     using T = decltype(t);
-    const auto qv = view_of<const T, 3>(q, "q");
-    const auto kv = view_of<const T, 3>(k, "k");
-    const auto vv = view_of<const T, 3>(v, "v");
-    const auto ov = view_of<T, 3>(o, "o");
-    const auto lv = view_of<float, 2>(lse, "lse");
+    const ForwardViews<T, 3> a(q, k, v, o, lse);
     const VarlenSequences seqs = sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
     const ForwardOptions f = forward_options(options);
     nb::gil_scoped_release release;
-    tileattn::forward_varlen(qv, kv, vv, ov, lv, seqs, f);
+    tileattn::forward_varlen(a.q, a.k, a.v, a.o, a.lse, seqs, f);
   });
 }
 
@@ -78,19 +63,11 @@ void backward_varlen(const InArray& q, const InArray& k, const InArray& v, const
                      index_t max_seqlen_k, const Options& options) {
   with_storage_type(q, "q", [&](auto t) {
     using T = decltype(t);
-    const auto qv = view_of<const T, 3>(q, "q");
-    const auto kv = view_of<const T, 3>(k, "k");
-    const auto vv = view_of<const T, 3>(v, "v");
-    const auto ov = view_of<const T, 3>(o, "o");
-    const auto lv = view_of<const float, 2>(lse, "lse");
-    const auto dov = view_of<const T, 3>(dout, "dout");
-    const auto dqv = view_of<T, 3>(dq, "dq");
-    const auto dkv = view_of<T, 3>(dk, "dk");
-    const auto dvv = view_of<T, 3>(dv, "dv");
+    const BackwardViews<T, 3> a(q, k, v, o, lse, dout, dq, dk, dv);
     const VarlenSequences seqs = sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
     const BackwardOptions b = backward_options(options);
     nb::gil_scoped_release release;
-    tileattn::backward_varlen(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv, seqs, b);
+    tileattn::backward_varlen(a.q, a.k, a.v, a.o, a.lse, a.dout, a.dq, a.dk, a.dv, seqs, b);
   });
 }
 

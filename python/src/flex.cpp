@@ -13,6 +13,7 @@
 #include "bindings.hpp"
 #include "dispatch.hpp"
 #include "options.hpp"
+#include "views.hpp"
 #include "tileattn/flex.hpp"
 
 namespace tileattn::python {
@@ -127,16 +128,12 @@ void forward_flex(const InArray& q, const InArray& k, const InArray& v, const Ou
                   const Options& options, const FlexSpec& spec) {
   with_storage_type(q, "q", [&](auto t) {
     using T = decltype(t);
-    const auto qv = view_of<const T, 4>(q, "q");
-    const auto kv = view_of<const T, 4>(k, "k");
-    const auto vv = view_of<const T, 4>(v, "v");
-    const auto ov = view_of<T, 4>(o, "o");
-    const auto lv = view_of<float, 3>(lse, "lse");
+    const ForwardViews<T, 4> a(q, k, v, o, lse);
     const ForwardOptions f = forward_options(options);
-    const MenuScore score = menu_score(spec, qv.shape[dim::heads]);
+    const MenuScore score = menu_score(spec, a.q.shape[dim::heads]);
     nb::gil_scoped_release release;
-    const auto blocks = block_mask(spec, qv.shape[dim::seqlen], kv.shape[dim::seqlen], f.execution);
-    tileattn::forward_flex(qv, kv, vv, ov, lv, score, blocks, f);
+    const auto blocks = block_mask(spec, a.q.shape[dim::seqlen], a.k.shape[dim::seqlen], f.execution);
+    tileattn::forward_flex(a.q, a.k, a.v, a.o, a.lse, score, blocks, f);
   });
 }
 
@@ -145,20 +142,12 @@ void backward_flex(const InArray& q, const InArray& k, const InArray& v, const I
                    const Options& options, const FlexSpec& spec) {
   with_storage_type(q, "q", [&](auto t) {
     using T = decltype(t);
-    const auto qv = view_of<const T, 4>(q, "q");
-    const auto kv = view_of<const T, 4>(k, "k");
-    const auto vv = view_of<const T, 4>(v, "v");
-    const auto ov = view_of<const T, 4>(o, "o");
-    const auto lv = view_of<const float, 3>(lse, "lse");
-    const auto dov = view_of<const T, 4>(dout, "dout");
-    const auto dqv = view_of<T, 4>(dq, "dq");
-    const auto dkv = view_of<T, 4>(dk, "dk");
-    const auto dvv = view_of<T, 4>(dv, "dv");
+    const BackwardViews<T, 4> a(q, k, v, o, lse, dout, dq, dk, dv);
     const BackwardOptions b = backward_options(options);
-    const MenuScore score = menu_score(spec, qv.shape[dim::heads]);
+    const MenuScore score = menu_score(spec, a.q.shape[dim::heads]);
     nb::gil_scoped_release release;
-    const auto blocks = block_mask(spec, qv.shape[dim::seqlen], kv.shape[dim::seqlen], b.execution);
-    tileattn::backward_flex(qv, kv, vv, ov, lv, dov, dqv, dkv, dvv, score, blocks, b);
+    const auto blocks = block_mask(spec, a.q.shape[dim::seqlen], a.k.shape[dim::seqlen], b.execution);
+    tileattn::backward_flex(a.q, a.k, a.v, a.o, a.lse, a.dout, a.dq, a.dk, a.dv, score, blocks, b);
   });
 }
 

@@ -118,21 +118,39 @@ def _effective_q(q: Tensor, scale: Optional[float]) -> Tuple[Tensor, Optional[fl
     return torch.zeros_like(q), 1.0, 0.0
 
 
+def _dense_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+    """Checks q, k, v's storage and allocates out [B, Nq, Hq, Dv] (q's dtype) and lse [B, Hq, Nq]."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_storage(name, t)
+    B, Nq, Hq, _ = q.shape
+    return q.new_empty((B, Nq, Hq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
+
+
+def _chain_dq(dq: Tensor, sign: float) -> Tensor:
+    """dQ from the gradient of the q the kernel ran (_effective_q): negated or zero."""
+    if sign == 1.0:
+        return dq
+    return dq.neg_() if sign < 0 else dq.zero_()
+
+
+def _split_mask(attn_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """An SDPA-style attn_mask as (bias, mask): a bool one is a mask (True attends), any other
+    an additive bias."""
+    if attn_mask is None:
+        return None, None
+    return (None, attn_mask) if attn_mask.dtype == torch.bool else (attn_mask, None)
+
+
 # ----------------------------------------------------------------------------------------------
 # The dense op: q [B, Nq, Hq, D], k [B, Nk, Hkv, D], v [B, Nk, Hkv, Dv] (tileattn's layout).
 
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], causal: bool, top_left: bool,
-         window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-         sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_storage(name, t)
-    B, Nq, Hq, _ = q.shape
-    o = q.new_empty((B, Nq, Hq, v.shape[3]))
-    lse = q.new_empty((B, Hq, Nq), dtype=torch.float32)
+              window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+              sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    o, lse = _dense_outputs(q, k, v)
     q_run, scale_run, _ = _effective_q(q, scale)
     _run(_C.forward, q_run, k, v, o, lse,
-               _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks,
-                        bias, mask))
+         _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias, mask))
     return o, lse
 
 
@@ -161,8 +179,7 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, 
     if want_dbias:
         opts.dbias = _dl(dbias)
     _run(_C.backward, q_run, k, v, o, lse, dout, dq, dk, dv, opts)
-    if dq_sign != 1.0:
-        dq = dq.neg_() if dq_sign < 0 else dq.zero_()
+    dq = _chain_dq(dq, dq_sign)
     return (dq, dk, dv, dsinks.to(sinks.dtype) if want_dsinks else dsinks,
             dbias.to(bias.dtype) if want_dbias else dbias)
 
@@ -257,12 +274,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if not enable_gqa and key.shape[1] != query.shape[1]:
         raise _invalid("enable_gqa", f"key has {key.shape[1]} heads and query "
                                  f"{query.shape[1]}: pass enable_gqa=True for grouped-query attention")
-    bias = mask = None
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            mask = attn_mask
-        else:
-            bias = attn_mask
+    bias, mask = _split_mask(attn_mask)
     out, _ = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale,
                        causal=is_causal, top_left=True, bias=bias, mask=mask)
     out = out.transpose(1, 2)
@@ -272,9 +284,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 # ----------------------------------------------------------------------------------------------
 # Variable-length batches: q [total_q, Hq, D], k, v [total_k, Hkv, D(v)], cu_seqlens int32.
 
-def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                max_seqlen_k: int, scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                softcap: float, alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                     max_seqlen_q: int, max_seqlen_k: int, scale: Optional[float], causal: bool, window_left: int,
+                     window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                     sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_storage(name, t)
     o = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
@@ -309,8 +322,7 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
         opts.dsinks = _dl(dsinks)
     _run(_C.backward_varlen, q_run, k, v, o, lse, dout, dq, dk, dv,
                        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, opts)
-    if dq_sign != 1.0:
-        dq = dq.neg_() if dq_sign < 0 else dq.zero_()
+    dq = _chain_dq(dq, dq_sign)
     return dq, dk, dv, dsinks.to(sinks.dtype) if want_dsinks else dsinks
 
 
@@ -357,9 +369,9 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_s
 # Inference over paged caches (vLLM's pools and block tables), writing them, merging states.
 
 def _paged_fwd_impl(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
-               scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-               alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], k_scale: Optional[Tensor],
-               v_scale: Optional[Tensor], kv_format: str, num_splits: int) -> Tuple[Tensor, Tensor]:
+                    scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+                    alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], k_scale: Optional[Tensor],
+                    v_scale: Optional[Tensor], kv_format: str, num_splits: int) -> Tuple[Tensor, Tensor]:
     _check_storage("q", q)
     B, Nq, Hq, _ = q.shape
     o = q.new_empty((B, Nq, Hq, v_cache.shape[3]))
@@ -410,7 +422,7 @@ def forward_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tens
 
 
 def _write_kv_slots_impl(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
-                    k_scale: Optional[Tensor], v_scale: Optional[Tensor], kv_format: str) -> None:
+                         k_scale: Optional[Tensor], v_scale: Optional[Tensor], kv_format: str) -> None:
     _run(_C.write_kv_slots, k_new, v_new, k_cache, v_cache, slot_mapping, k_scale, v_scale, kv_format)
 
 
@@ -438,7 +450,8 @@ def _merge_states_impl(o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor) -
     return o, lse
 
 
-_merge_states = torch.library.custom_op("tileattn::merge_states", _merge_states_impl, mutates_args=(), device_types="cpu")
+_merge_states = torch.library.custom_op("tileattn::merge_states", _merge_states_impl, mutates_args=(),
+                                        device_types="cpu")
 
 
 @_merge_states.register_fake
@@ -467,18 +480,14 @@ def _flex_spec(clauses: List[int], doc_q: Optional[Tensor], doc_kv: Optional[Ten
 
 
 def _flex_fwd_impl(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], softcap: float,
-              alibi_slopes: Optional[Tensor], clauses: List[int], doc_q: Optional[Tensor], doc_kv: Optional[Tensor],
-              layout: Optional[Tensor], table: Optional[Tensor], max_distance: int, block_q: int,
-              block_kv: int) -> Tuple[Tensor, Tensor]:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_storage(name, t)
-    B, Nq, Hq, _ = q.shape
-    o = q.new_empty((B, Nq, Hq, v.shape[3]))
-    lse = q.new_empty((B, Hq, Nq), dtype=torch.float32)
+                   alibi_slopes: Optional[Tensor], clauses: List[int], doc_q: Optional[Tensor],
+                   doc_kv: Optional[Tensor], layout: Optional[Tensor], table: Optional[Tensor], max_distance: int,
+                   block_q: int, block_kv: int) -> Tuple[Tensor, Tensor]:
+    o, lse = _dense_outputs(q, k, v)
     q_run, scale_run, _ = _effective_q(q, scale)
     _run(_C.forward_flex, q_run, k, v, o, lse,
-                    _options(scale_run, False, False, -1, -1, softcap, alibi_slopes, None, None, None),
-                    _flex_spec(clauses, doc_q, doc_kv, layout, table, max_distance, block_q, block_kv))
+         _options(scale_run, False, False, -1, -1, softcap, alibi_slopes, None, None, None),
+         _flex_spec(clauses, doc_q, doc_kv, layout, table, max_distance, block_q, block_kv))
     return o, lse
 
 
@@ -502,8 +511,7 @@ def _flex_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Ten
     _run(_C.backward_flex, q_run, k, v, o, lse, dout, dq, dk, dv,
                      _options(scale_run, False, False, -1, -1, softcap, alibi_slopes, None, None, None),
                      _flex_spec(clauses, doc_q, doc_kv, layout, table, max_distance, block_q, block_kv))
-    if dq_sign != 1.0:
-        dq = dq.neg_() if dq_sign < 0 else dq.zero_()
+    dq = _chain_dq(dq, dq_sign)
     return dq, dk, dv
 
 

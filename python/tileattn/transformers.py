@@ -89,12 +89,7 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
             position_bias = position_bias[..., :L]
         S = L
 
-    mask = bias = None
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            mask = attention_mask
-        else:
-            bias = attention_mask
+    bias, mask = _ta._split_mask(attention_mask)
     if position_bias is not None:
         bias = position_bias if bias is None else position_bias + bias
 
