@@ -19,8 +19,9 @@
 #             outputs: the extension and the tiny kernel), the
 #             same plus what tileattn.torch's op body adds (Options, outputs), the registered op
 #             torch.ops.tileattn.fwd through the dispatcher, tileattn.torch.attention (the public
-#             call), the same with inputs that require grad (autograd), and SDPA; the custom-op
-#             path's cost is reported as a fraction of the decode call's time.
+#             call), the same with inputs that require grad (autograd), SDPA, and the paged decode's
+#             forward_paged and PagedDecode.run (options made once, output reused); each path's
+#             cost is reported as a fraction of the decode call's time.
 # Each repeat runs a call `iters` times (calibrated so that one timing lasts >= --min-time
 # seconds) and keeps the mean; the table shows the median and min..max over --repeats repeats,
 # and the ratio tileattn / torch as the median (min..max) of the per-repeat ratios (< 1: tileattn
@@ -237,12 +238,26 @@ def overhead_calls():
         with torch.no_grad():
             F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
+    # The paged decode's two calls on the same tiny problem: 16 keys in one 16-token page.
+    k_pool, v_pool = k.reshape(1, 16, 1, 16), v.reshape(1, 16, 1, 16)
+    table, lens = torch.zeros(1, 1, dtype=torch.int32), torch.full((1,), 16, dtype=torch.int32)
+    decode = ta.PagedDecode()
+
+    def paged():
+        with torch.no_grad():
+            ta.forward_paged(q, k_pool, v_pool, table, lens)
+
+    def paged_run():
+        decode.run(q, k_pool, v_pool, table, lens, out=o)
+
     return [("_C.forward (direct, prebuilt Options)", c_direct),
             ("+ op body (Options, outputs; no dispatcher)", op_body),
             ("torch.ops.tileattn.fwd (dispatcher)", dispatcher),
             ("tileattn.torch.attention (no_grad)", public),
             ("tileattn.torch.attention (requires_grad)", public_grad),
-            ("torch SDPA (no_grad), same tiny shape", sdpa)]
+            ("torch SDPA (no_grad), same tiny shape", sdpa),
+            ("tileattn.torch.forward_paged (no_grad)", paged),
+            ("tileattn.torch.PagedDecode.run (out reused)", paged_run)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -348,7 +363,15 @@ def main(argv=None) -> int:
             fractions.append(fr)
             print(f"  vs decode {dname} B{B} S{S} ({_fmt_t(t)}): {100 * full / t:.2f} % of the call "
                   f"({100 * extra / t:.2f} % above the binding)")
-        overhead = {"paths": overhead, "call_s": full, "above_binding_s": extra, "vs_decode": fractions}
+        planned = overhead["tileattn.torch.PagedDecode.run (out reused)"]["summary"]["median"]
+        print(f"fixed cost of tileattn.torch.PagedDecode.run: {planned * 1e6:.1f} us a call")
+        for (dname, B, S, label), t in sorted(decode_times.items()):
+            if label == "forward_paged":
+                print(f"  vs decode {dname} B{B} S{S} forward_paged ({_fmt_t(t)}): {100 * planned / t:.2f} % of the call")
+                fractions.append({"dtype": dname, "B": B, "S": S, "decode_s": t, "call": "PagedDecode.run",
+                                  "call_overhead_fraction": planned / t})
+        overhead = {"paths": overhead, "call_s": full, "above_binding_s": extra, "paged_run_s": planned,
+                    "vs_decode": fractions}
 
     total = time.perf_counter() - t_start
     print(f"\n(total {total:.1f} s)")

@@ -433,3 +433,28 @@ def test_float_mask_gradient_sums_over_its_broadcast_dimensions(shape):
     mb = m0.detach().to(torch.bfloat16).requires_grad_(True)
     ta.scaled_dot_product_attention(q, k, v, attn_mask=mb, enable_gqa=True).backward(dout)
     assert mb.grad.dtype == torch.bfloat16 and mb.grad.shape == m0.shape
+
+
+@pytest.mark.parametrize("scale", [None, -0.3], ids=["default_scale", "negative_scale"])
+def test_paged_decode_object_gives_forward_paged_bits(scale):
+    B, Hq, Hkv, D, page = 3, 8, 2, 64, 16
+    lens = [1, 40, 100]
+    k_pool, v_pool, table, k_dense, v_dense, slots = paged_cache(B, lens, Hkv, D, page, seed=15)
+    ta.write_kv_slots(torch.cat(k_dense), torch.cat(v_dense), k_pool, v_pool, slots)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    sinks = randn(Hq, seed=16)
+    decode = ta.PagedDecode(softmax_scale=scale, sinks=sinks, window=(63, 0))
+    out = torch.full((B, 1, Hq, D), 7.0)
+    lse = torch.empty(B, Hq, 1)
+    for step in range(3):  # a loop reusing its outputs
+        q = randn(B, 1, Hq, D, seed=20 + step)
+        got, got_lse = decode.run(q, k_pool, v_pool, table, seqlens, out=out, lse=lse)
+        assert got is out and got_lse is lse
+        want, want_lse = ta.forward_paged(q, k_pool, v_pool, table, seqlens, softmax_scale=scale, sinks=sinks,
+                                          window=(63, 0))
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    o_alloc, none = decode.run(q, k_pool, v_pool, table, seqlens)
+    assert torch.equal(o_alloc, want) and none is None
+    with pytest.raises(tileattn.InvalidArgument) as e:
+        decode.run(q, k_pool, v_pool, table, seqlens[:2])
+    assert e.value.parameter.startswith("cache_seqlens")

@@ -23,7 +23,7 @@ from . import flex as _flex
 
 __all__ = [
     "attention", "attention_varlen", "scaled_dot_product_attention", "forward_paged", "write_kv_slots",
-    "merge_states", "flex_attention",
+    "merge_states", "flex_attention", "PagedDecode",
 ]
 
 _STORAGE = (torch.float32, torch.bfloat16, torch.float16)
@@ -419,6 +419,52 @@ def forward_paged(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tens
                                    v_scale) else _paged_fwd
     return op(q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, causal, int(window[0]), int(window[1]),
               float(softcap), alibi_slopes, sinks, k_scale, v_scale, kv_format, int(num_splits))
+
+
+class PagedDecode:
+    """A decode loop's paged attention with its options made once (FlashInfer's plan/run split):
+    ``run`` does one kernel call with no per-call Python work beyond handing the tensors over,
+    and writes into ``out`` / ``lse`` when given, so a step allocates nothing. Semantics are
+    ``forward_paged``'s; inference only (no autograd). Under ``torch.compile`` call
+    ``forward_paged``, which the compiler traces.
+
+        decode = ta.PagedDecode(softmax_scale=0.088, sinks=sinks)   # once
+        for step in range(n):
+            out, _ = decode.run(q, k_cache, v_cache, block_table, cache_seqlens, out=out)
+
+    The options hold sinks, ALiBi slopes and 8-bit scales by reference (as float32), and the
+    thread count is torch.get_num_threads() when the object is made.
+    """
+
+    def __init__(self, *, softmax_scale: Optional[float] = None, causal: bool = False,
+                 window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                 sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None,
+                 kv_format: str = "", num_splits: int = 0):
+        self._scale = softmax_scale
+        _, scale_run, self._q_sign = _effective_q(torch.empty(0), softmax_scale)
+        self._options = _options(scale_run, causal, False, int(window[0]), int(window[1]), float(softcap),
+                                 alibi_slopes, sinks, None, None)
+        self._options.k_scale = _dl(_as_float(_scale_2d(k_scale)))
+        self._options.v_scale = _dl(_as_float(_scale_2d(v_scale)))
+        self._options.num_splits = int(num_splits)
+        self._kv_format = kv_format
+
+    def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+            out: Optional[Tensor] = None, lse: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attention of q [B, Nq, Hq, D] to the pools through block_table and cache_seqlens, into
+        out [B, Nq, Hq, Dv] (q's dtype; allocated when None) and lse [B, Hq, Nq] float32 (not
+        written when None). Returns (out, lse)."""
+        if out is None:
+            out = q.new_empty(q.shape[:3] + v_cache.shape[3:])
+        if self._q_sign != 1.0:
+            q = -q if self._q_sign < 0 else torch.zeros_like(q)
+        kv_format = self._kv_format
+        if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            kv_format = kv_format or ("fp8_e4m3" if k_cache.dtype == torch.float8_e4m3fn else "fp8_e5m2")
+            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+        _C.forward_paged(_to_dlpack(q), _to_dlpack(k_cache), _to_dlpack(v_cache), _to_dlpack(block_table),
+                         _to_dlpack(cache_seqlens), _to_dlpack(out), _dl(lse), self._options, kv_format)
+        return out, lse
 
 
 def _write_kv_slots_impl(k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
