@@ -21,9 +21,10 @@ namespace tileattn::python {
 
 namespace nb = nanobind;
 
-/// An array read by a kernel (read-only NumPy arrays are accepted) and one it writes.
-using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
-using OutArray = nb::ndarray<nb::device::cpu>;
+/// An array read by a kernel (read-only NumPy arrays are accepted) and one it writes. Any
+/// device is taken here, so that check_array can name the argument that is not in CPU memory.
+using InArray = nb::ndarray<nb::ro>;
+using OutArray = nb::ndarray<>;
 using OptionalIn = std::optional<InArray>;
 using OptionalOut = std::optional<OutArray>;
 
@@ -84,9 +85,11 @@ Element element_of(const A& a) {
   return element_of(a.dtype());
 }
 
-/// Checks `a` has rank R and holds T; names `name` otherwise.
+/// Checks `a` is in CPU memory, has rank R and holds T; names `name` otherwise.
 template <class T, int R, class A>
 void check_array(const A& a, const std::string& name) {
+  if (a.device_type() != nb::device::cpu::value)
+    throw invalid_argument(name, "must be in CPU memory, got DLPack device type " + std::to_string(a.device_type()));
   if (a.ndim() != static_cast<std::size_t>(R))
     throw invalid_argument(name, "must have " + std::to_string(R) + " dimensions, got " + std::to_string(a.ndim()));
   if (element_of(a) != element_for<T>())

@@ -28,15 +28,17 @@ void with_paged_types(const QA& q, const PA& pool, const std::string& kv_format,
   if (ke != Element::uint8 && !kv_format.empty())
     throw invalid_argument("kv_format", "is only for uint8 caches (fp8 bytes), the cache holds " +
                                             std::string(element_name(ke)));
+  with_storage_type(q, name_of_q, [](auto) {});  // q's (or k_new's) type first: the one named if bad
+  const std::string of_q = std::string(name_of_q) + "'s";
   if (ke == qe) return with_storage_type(q, name_of_q, [&](auto t) { f(t, t); });
   if (qe != Element::float32)
-    throw invalid_argument("k_cache", std::string("must hold q's type (") + element_name(qe) +
-                                          ") for q in " + element_name(qe) + ", got " + element_name(ke));
+    throw invalid_argument("k_cache", "must hold " + of_q + " type (" + element_name(qe) + "), got " +
+                                          element_name(ke) + " (8-bit caches take float32 " + name_of_q + ")");
   if (ke == Element::int8) return f(float{}, std::int8_t{});
   if (ke == Element::uint8 && kv_format == "fp8_e4m3") return f(float{}, fp8_e4m3{});
   if (ke == Element::uint8 && kv_format == "fp8_e5m2") return f(float{}, fp8_e5m2{});
-  throw invalid_argument("k_cache", std::string("must hold float32, int8 or fp8 bytes (uint8) for float32 q, got ") +
-                                        element_name(ke));
+  throw invalid_argument("k_cache", "must hold float32, int8 or fp8 bytes (uint8) for float32 " +
+                                        std::string(name_of_q) + ", got " + element_name(ke));
 }
 
 void forward_paged(const InArray& q, const InArray& k_cache, const InArray& v_cache, const InArray& block_table,
@@ -81,7 +83,7 @@ void write_kv_slots(const InArray& k_new, const InArray& v_new, const OutArray& 
       nb::gil_scoped_release release;
       tileattn::write_kv_slots(kn, vn, kc, vc, slots);
     }
-  });
+  }, "k_new");
 }
 
 void merge_states(const InArray& o_a, const InArray& lse_a, const InArray& o_b, const InArray& lse_b,

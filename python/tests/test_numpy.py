@@ -121,6 +121,10 @@ def test_bad_arguments_raise_invalid_argument_naming_them():
     with pytest.raises(tileattn.InvalidArgument) as e:
         tileattn.forward_paged(q[:, :1], k, v, np.zeros((1, 1), np.int32), np.array([4], np.int32), kv_format="x")
     assert e.value.parameter == "kv_format"
+    pool = np.zeros((2, 4, 2, 8), np.float32)
+    with pytest.raises(tileattn.InvalidArgument) as e:
+        tileattn.write_kv_slots(k[0].astype(np.float64), v[0], pool, pool.copy(), np.arange(4, dtype=np.int64))
+    assert e.value.parameter == "k_new"
 
 
 def test_active_isa():
