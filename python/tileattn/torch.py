@@ -107,15 +107,26 @@ def _options(scale: Optional[float], causal: bool, top_left: bool, window_left: 
     return o
 
 
-def _effective_q(q: Tensor, scale: Optional[float]) -> Tuple[Tensor, Optional[float], float]:
-    """PyTorch accepts any finite scale; the kernels take scale > 0. scale < 0 is -q at |scale|
-    and scale 0 is q = 0 at scale 1 (negation is exact), so the scores are the same.
-    Returns (q to run, scale to run, d(q run)/dq)."""
+def _effective_scale(scale: Optional[float]) -> Tuple[Optional[float], float]:
+    """PyTorch accepts any finite scale; the kernels take scale > 0. scale < 0 runs -q at |scale|
+    and scale 0 runs q = 0 at scale 1 (negation is exact), so the scores are the same.
+    Returns (scale to run, d(q run)/dq: 1, -1 or 0)."""
     if scale is None or scale > 0 or not math.isfinite(scale):
-        return q, scale, 1.0
-    if scale < 0:
-        return -q, -scale, -1.0
-    return torch.zeros_like(q), 1.0, 0.0
+        return scale, 1.0
+    return (-scale, -1.0) if scale < 0 else (1.0, 0.0)
+
+
+def _q_to_run(q: Tensor, sign: float) -> Tensor:
+    """q times _effective_scale's sign (1: q itself)."""
+    if sign == 1.0:
+        return q
+    return -q if sign < 0 else torch.zeros_like(q)
+
+
+def _effective_q(q: Tensor, scale: Optional[float]) -> Tuple[Tensor, Optional[float], float]:
+    """(q to run, scale to run, d(q run)/dq) for a call with `scale` (_effective_scale)."""
+    scale_run, sign = _effective_scale(scale)
+    return _q_to_run(q, sign), scale_run, sign
 
 
 def _dense_outputs(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
@@ -440,8 +451,7 @@ class PagedDecode:
                  window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
                  sinks: Optional[Tensor] = None, k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None,
                  kv_format: str = "", num_splits: int = 0):
-        self._scale = softmax_scale
-        _, scale_run, self._q_sign = _effective_q(torch.empty(0), softmax_scale)
+        scale_run, self._q_sign = _effective_scale(softmax_scale)
         self._options = _options(scale_run, causal, False, int(window[0]), int(window[1]), float(softcap),
                                  alibi_slopes, sinks, None, None)
         self._options.k_scale = _dl(_as_float(_scale_2d(k_scale)))
@@ -456,8 +466,7 @@ class PagedDecode:
         written when None). Returns (out, lse)."""
         if out is None:
             out = q.new_empty(q.shape[:3] + v_cache.shape[3:])
-        if self._q_sign != 1.0:
-            q = -q if self._q_sign < 0 else torch.zeros_like(q)
+        q = _q_to_run(q, self._q_sign)
         kv_format = self._kv_format
         if k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
             kv_format = kv_format or ("fp8_e4m3" if k_cache.dtype == torch.float8_e4m3fn else "fp8_e5m2")
