@@ -35,7 +35,8 @@ using SavedPackedLseView = StridedView<const float, 2>;
 /// The tiles backward() chooses for a call of this shape with these options: the planner
 /// itself, for inspection (plan_backward makes the plan a call reuses).
 inline BackwardTilePlan backward_tiles(const BackwardShape& shape, const ForwardOptions& options = {}) {
-  return plan_backward_tiles(shape, effective_sram_budget(options), worker_count(options.execution));
+  return plan_backward_tiles(detail::planned_shape(shape, options), effective_sram_budget(options),
+                             worker_count(options.execution));
 }
 
 /// A backward call's plan (plan_backward), as ForwardPlan is the forward's: backward(plan,
@@ -174,7 +175,7 @@ RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_s
 }
 
 inline BackwardPlan::Signature backward_signature(const BackwardShape& shape, const ForwardOptions& options) {
-  return {shape, effective_sram_budget(options), worker_count(options.execution)};
+  return {planned_shape(shape, options), effective_sram_budget(options), worker_count(options.execution)};
 }
 
 /// The tiles of a checked call: the given plan's, checked against the call, or planned now.

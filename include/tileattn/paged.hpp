@@ -15,7 +15,8 @@
 // once per group of query heads. Split-KV (flash-decoding): when the batch has too few
 // (sequence, K/V head) pairs to occupy many workers, long sequences are cut into key chunks
 // whose partial results are merged exactly; the chunking depends on the batch's shape only,
-// so every thread count gives the same bits (PagedOptions::num_splits chooses it).
+// so every thread count gives the same bits (PagedOptions::num_splits chooses it), and in
+// batch-invariant mode on each sequence's own length only (ForwardOptions::batch_invariant).
 //
 // A PagedPlan (plan_forward_paged) holds the tile plan, the chunking and the work list of a batch
 // shape; forward_paged(plan, ...) reuses it, e.g. across the layers of one decode step.
@@ -58,6 +59,11 @@ namespace detail {
 inline constexpr index_t split_target_items = 64;
 inline constexpr index_t min_split_keys = 512;
 inline constexpr index_t split_max_query_rows = 256;
+/// Batch-invariant mode (ForwardOptions::batch_invariant): split-KV's chunk, fixed. A
+/// sequence of at most split_max_query_rows query rows and more keys is cut at multiples of
+/// it, whatever the rest of the batch: 2048 keys keep a 32k-token decode at 16 chunks per
+/// K/V head, enough to occupy 16 workers on one sequence with 8 K/V heads.
+inline constexpr index_t invariant_split_keys = 2048;
 }  // namespace detail
 
 /// A batch shape's plan: the tile plan, the key chunking and the work list, made once
@@ -98,8 +104,8 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
   PagedPlan::Signature s;
   s.shape = {p.batch(), p.heads(), p.heads_kv(), p.head_dim(), p.head_dim_v(), p.k.shape[dim::seqlen],
              p.causal, static_cast<index_t>(p.alignment), p.diagonal_offset.has_value(),
-             p.diagonal_offset.value_or(0), p.window_left, p.window_right,
-             static_cast<index_t>(effective_sram_budget(options)), options.num_splits,
+             p.diagonal_offset.value_or(0), p.window_left, p.window_right, p.attention_chunk,
+             static_cast<index_t>(effective_sram_budget(options)), options.num_splits, options.batch_invariant,
              static_cast<index_t>(kernels::tile_operands_for<T>())};
   for (index_t b = 0; b < p.batch(); ++b) {
     const SequenceRange seq = p.sequence(b);
@@ -112,11 +118,16 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
 /// The key chunking for a batch (independent of the thread count; see PagedOptions).
 /// kv_heads_per_item: K/V heads one work item takes (kernels::in_place_heads_per_item).
 template <class T, class KV>
-kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, index_t longest, index_t num_splits,
-                               index_t kv_heads_per_item) {
+kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, index_t longest,
+                               const PagedOptions& options, index_t kv_heads_per_item) {
+  const index_t num_splits = options.num_splits;
   const auto round_to_tiles = [&](index_t keys) { return ceil_div(keys, key_tile) * key_tile; };
   kernels::KeySplit split{0, split_max_query_rows};
   if (num_splits == 1 || longest == 0) return split;
+  if (options.batch_invariant) {  // fixed chunks: a sequence splits (or not) by its own length
+    split.keys_per_split = round_to_tiles(invariant_split_keys);
+    return split;
+  }
   if (num_splits > 1) {
     split.keys_per_split = round_to_tiles(ceil_div(longest, num_splits));  // num_splits may be INT64_MAX
   } else {
@@ -129,20 +140,35 @@ kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, 
   return split;
 }
 
-template <class T, class KV>
-PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
-                          const PagedOptions& options) {
-  const PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
-                        p.batch() * p.heads_kv(), kernels::tile_operands_for<T>()};
+/// The plan of a paged call whose score modifiers come from `scores` (ops::BuiltinScores,
+/// or a flex call's ops::FlexScores: its block mask caps the key tile and shapes the work
+/// estimates).
+template <class T, class KV, class Scores>
+PagedPlan make_paged_plan_scored(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
+                                 const PagedOptions& options, const Scores& scores) {
+  PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
+                  p.batch() * p.heads_kv(), kernels::tile_operands_for<T>()};
+  shape.key_tile_limit = scores.key_tile_limit();
   const TilePlan tiles = forward_tiles(shape, options);
   const index_t heads_per_item = kernels::in_place_heads_per_item(p, tiles);
-  const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options.num_splits, heads_per_item);
-  return {tiles, split, kernels::ForwardWorkList(p, tiles, split, heads_per_item), paged_signature(p, options)};
+  const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options, heads_per_item);
+  PagedPlan::Signature signature = paged_signature(p, options);
+  signature.shape.push_back(shape.key_tile_limit);
+  return {tiles, split, kernels::ForwardWorkList(p, tiles, split, heads_per_item, scores), std::move(signature)};
 }
 
 template <class T, class KV>
-void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options) {
-  TILEATTN_REQUIRE(plan.signature() == paged_signature(p, options), "plan",
+PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
+                          const PagedOptions& options) {
+  return make_paged_plan_scored(p, longest_q, longest_k, options, ops::BuiltinScores{});
+}
+
+template <class T, class KV, class Scores>
+void run_paged_scored(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options,
+                      const Scores& scores) {
+  PagedPlan::Signature signature = paged_signature(p, options);
+  signature.shape.push_back(scores.key_tile_limit());
+  TILEATTN_REQUIRE(plan.signature() == signature, "plan",
           "was made for another batch shape, cache_seqlens, mask or options");
   std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 2)));
   p.o_accum = accum.data();
@@ -150,10 +176,16 @@ void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions
   p.sum_accum = p.max_accum + plan.partial_rows();
   const auto& work = plan.work();
   if (options.io_counts) {
-    *options.io_counts = kernels::run_forward<CountingIo, kernels::PagedKv>(p, plan.tiles(), work, options.execution);
+    *options.io_counts =
+        kernels::run_forward<CountingIo, kernels::PagedKv>(p, plan.tiles(), work, options.execution, scores);
   } else {
-    kernels::run_forward<NoIoCounting, kernels::PagedKv>(p, plan.tiles(), work, options.execution);
+    kernels::run_forward<NoIoCounting, kernels::PagedKv>(p, plan.tiles(), work, options.execution, scores);
   }
+}
+
+template <class T, class KV>
+void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options) {
+  run_paged_scored(std::move(p), plan, options, ops::BuiltinScores{});
 }
 
 /// Checks a paged call and resolves its params; returns {params, longest q, longest k}.
@@ -172,6 +204,9 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
   check_page_pools(k_cache, v_cache);
   check_paged_queries(q, o, k_cache, v_cache, varlen);
   TILEATTN_REQUIRE(options.num_splits >= 0, "num_splits", "must be >= 0 (0: automatic), got " + std::to_string(options.num_splits));
+  TILEATTN_REQUIRE(!options.batch_invariant || options.num_splits <= 1, "num_splits",
+                   "must be 0 or 1 with batch_invariant (n > 1 chunks by the batch's longest sequence), got " +
+                       std::to_string(options.num_splits));
   PagedCall<T, KV> call{make_params(q, k_cache, v_cache, o, lse, options)};
   ForwardParams<T, KV>& p = call.params;
   index_t batch = q.shape[dim::batch];

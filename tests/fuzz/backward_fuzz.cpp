@@ -124,14 +124,6 @@ void poison(FuzzedDataProvider& in, Buffer& t, const char* name, std::string& wh
   }
 }
 
-index_t window_side(FuzzedDataProvider& in) {
-  switch (in.ConsumeIntegralInRange(0, 4)) {
-    case 0: return -1;
-    case 1: return std::numeric_limits<index_t>::max() - in.ConsumeIntegralInRange(0, 2);
-    default: return in.ConsumeIntegralInRange<index_t>(0, 48);
-  }
-}
-
 // ---- Final layouts ----------------------------------------------------------------------
 
 /// The names of fuzz::orders for the eight tensors, in failure messages.
@@ -202,6 +194,8 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   o.alignment = in.ConsumeBool() ? MaskAlignment::bottom_right : MaskAlignment::top_left;
   o.window_left = window_side(in);
   o.window_right = window_side(in);
+  o.attention_chunk = attention_chunk(in);
+  o.batch_invariant = in.ConsumeIntegralInRange(0, 3) == 0;
   // The largest valid softcap is FLT_MAX / log2(e) (about 2.36e38; FLT_MAX is corruption 27).
   const float caps[] = {0.0f, 0.0f, 5.0f, 30.0f, 2e38f, 1e-40f};
   o.softcap = caps[in.ConsumeIntegralInRange(0, 5)];
@@ -360,7 +354,7 @@ void corrupt(int choice, Problem& p, Tensors<T>& t, std::vector<float>& spare) {
       else view(tdq).stride[1] = 0;
       break;
     case 17: o.softmax_scale = -1.0f; break;
-    case 18: o.window_left = -3; break;
+    case 18: (p.nq % 2 ? o.window_left : o.attention_chunk) = -3; break;
     case 19: o.softcap = inf; break;
     case 20: o.sram_budget_bytes = 64; break;                               // below 1 x 1 tiles
     case 21: o.execution.num_threads = -1; break;
@@ -411,7 +405,8 @@ std::string describe(const Problem& p, const Tensors<T>& t) {
                   std::to_string(p.hq) + "/" + std::to_string(p.hkv) + " d " + std::to_string(p.d) + " dv " +
                   std::to_string(p.dv) + " causal " + std::to_string(o.causal) + " top_left " +
                   std::to_string(o.alignment == MaskAlignment::top_left) + " window " +
-                  std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " softcap " +
+                  std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " chunk " +
+                  std::to_string(o.attention_chunk) + (o.batch_invariant ? " batch_invariant" : "") + " softcap " +
                   std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
                   " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) +
                   " dsinks " + std::to_string(o.dsinks.size()) + " bias " + std::to_string(p.bias.size()) +

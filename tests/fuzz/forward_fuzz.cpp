@@ -128,14 +128,6 @@ void poison(FuzzedDataProvider& in, Buffer& t) {
     t.data[in.ConsumeIntegralInRange<std::size_t>(0, t.data.size() - 1)] = values[in.ConsumeIntegralInRange(0, 2)];
 }
 
-index_t window_side(FuzzedDataProvider& in) {
-  switch (in.ConsumeIntegralInRange(0, 4)) {
-    case 0: return -1;
-    case 1: return std::numeric_limits<index_t>::max() - in.ConsumeIntegralInRange(0, 2);
-    default: return in.ConsumeIntegralInRange<index_t>(0, 48);
-  }
-}
-
 struct Problem {
   bool varlen = false;
   index_t batch = 1, nq = 1, nk = 1, hq = 1, hkv = 1, d = 1, dv = 1;
@@ -192,6 +184,8 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   o.alignment = in.ConsumeBool() ? MaskAlignment::bottom_right : MaskAlignment::top_left;
   o.window_left = window_side(in);
   o.window_right = window_side(in);
+  o.attention_chunk = attention_chunk(in);
+  o.batch_invariant = in.ConsumeIntegralInRange(0, 3) == 0;
   const float caps[] = {0.0f, 0.0f, 5.0f, 30.0f, std::numeric_limits<float>::max(), 1e-40f};
   o.softcap = caps[in.ConsumeIntegralInRange(0, 5)];
   if (in.ConsumeBool()) o.softmax_scale = in.ConsumeFloatingPointInRange(0.01f, 1.0f);
@@ -288,7 +282,7 @@ void corrupt(int choice, Problem& p, Typed<T>& t) {
     case 4: t.o.view.data = t.q.view.data; break;                           // O aliases Q
     case 5: p.opts.softmax_scale = -1.0f; break;
     case 6: p.opts.softmax_scale = nan; break;
-    case 7: p.opts.window_left = -3; break;
+    case 7: (p.nq % 2 ? p.opts.window_left : p.opts.attention_chunk) = -3; break;
     case 8: p.opts.softcap = inf; break;
     case 9: p.opts.sram_budget_bytes = std::size_t{1} << 40; break;
     case 10: p.opts.execution.num_threads = 100000; break;
@@ -324,7 +318,8 @@ std::string describe(const Problem& p, const Typed<T>& t, const Extension& e) {
                   std::to_string(p.hq) + "/" + std::to_string(p.hkv) + " d " + std::to_string(p.d) + " dv " +
                   std::to_string(p.dv) + " causal " + std::to_string(o.causal) + " top_left " +
                   std::to_string(o.alignment == MaskAlignment::top_left) + " window " +
-                  std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " softcap " +
+                  std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " chunk " +
+                  std::to_string(o.attention_chunk) + (o.batch_invariant ? " batch_invariant" : "") + " softcap " +
                   std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
                   " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) +
                   " bias " + std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) +

@@ -1,7 +1,8 @@
 // tests/fuzz/fuzz_support.hpp: what every libFuzzer harness under tests/fuzz/ shares: how a
 // harness fails (a message, then abort, so libFuzzer keeps the input), the rule for a
-// rejected call (tileattn::invalid_argument naming its parameter, outputs untouched), and
-// bitwise checks of output buffers against their sentinel.
+// rejected call (tileattn::invalid_argument naming its parameter, outputs untouched),
+// bitwise checks of output buffers against their sentinel, and the option values the
+// attention harnesses draw (window sides, attention chunks).
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <fuzzer/FuzzedDataProvider.h>
+
 #include "support/test_support.hpp"
 
 namespace tileattn::fuzz {
@@ -20,6 +23,24 @@ inline constexpr float nan = std::numeric_limits<float>::quiet_NaN();
 inline constexpr float inf = std::numeric_limits<float>::infinity();
 
 /// Prints "<harness>: <what>" and aborts: libFuzzer reports the input as a crash.
+/// A window side (window_left / window_right): unbounded, near INT64_MAX, or 0..48.
+inline index_t window_side(FuzzedDataProvider& in) {
+  switch (in.ConsumeIntegralInRange(0, 4)) {
+    case 0: return -1;
+    case 1: return std::numeric_limits<index_t>::max() - in.ConsumeIntegralInRange(0, 2);
+    default: return in.ConsumeIntegralInRange<index_t>(0, 48);
+  }
+}
+
+/// An attention_chunk: mostly off, else 1..48 or near INT64_MAX.
+inline index_t attention_chunk(FuzzedDataProvider& in) {
+  switch (in.ConsumeIntegralInRange(0, 5)) {
+    case 0: return std::numeric_limits<index_t>::max() - in.ConsumeIntegralInRange(0, 2);
+    case 1: case 2: return in.ConsumeIntegralInRange<index_t>(1, 48);
+    default: return 0;
+  }
+}
+
 [[noreturn]] inline void fail(const char* harness, const std::string& what) {
   std::fprintf(stderr, "%s: %s\n", harness, what.c_str());
   std::abort();

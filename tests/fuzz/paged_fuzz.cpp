@@ -12,8 +12,9 @@
 // pool (the docs say they are never read), every layout of Q, O and the pools (four
 // dimension orders, padding, innermost stride 2, misaligned starts; gaps hold NaN in inputs
 // and the sentinel in O), a strided or contiguous LSE or none, every option (causal and both
-// alignments, windows, softcap, scale, ALiBi, sinks, bias, mask, num_splits with SRAM
-// budgets small enough that 60-key sequences really split, or INT64_MAX, backend and thread count), NaN
+// alignments, windows, attention chunks, softcap, scale, ALiBi, sinks, bias, mask, num_splits
+// (and batch_invariant where it is 0 or 1) with SRAM budgets small enough that 60-key
+// sequences really split, or INT64_MAX, backend and thread count), NaN
 // and Inf at chosen Q/K/V elements, and the storage types: K/V pools in float, bf16, fp16
 // (Q alike) or 8-bit (int8, fp8 e4m3, fp8 e5m2 with float Q; int8 with bf16 Q too:
 // execute_q says why) with PagedOptions::k_scale / v_scale per tensor, per K/V head, per
@@ -218,14 +219,6 @@ void poison(FuzzedDataProvider& in, std::vector<float>& data, const std::vector<
     data[allowed[in.ConsumeIntegralInRange<std::size_t>(0, allowed.size() - 1)]] = values[in.ConsumeIntegralInRange(0, 2)];
 }
 
-index_t window_side(FuzzedDataProvider& in) {
-  switch (in.ConsumeIntegralInRange(0, 4)) {
-    case 0: return -1;
-    case 1: return std::numeric_limits<index_t>::max() - in.ConsumeIntegralInRange(0, 2);
-    default: return in.ConsumeIntegralInRange<index_t>(0, 48);
-  }
-}
-
 /// Sequences: cache_seqlens and query lengths (cu_seqlens_q for varlen).
 void build_sequences(FuzzedDataProvider& in, Problem& p) {
   p.batch = in.ConsumeIntegralInRange(1, 4);
@@ -360,6 +353,7 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   o.alignment = in.ConsumeBool() ? MaskAlignment::bottom_right : MaskAlignment::top_left;
   o.window_left = window_side(in);
   o.window_right = window_side(in);
+  o.attention_chunk = attention_chunk(in);
   const float caps[] = {0.0f, 0.0f, 5.0f, 30.0f, 1e30f, 1e-40f};
   o.softcap = caps[in.ConsumeIntegralInRange(0, 5)];
   if (in.ConsumeBool()) o.softmax_scale = in.ConsumeFloatingPointInRange(0.01f, 1.0f);
@@ -390,6 +384,7 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   }
   o.num_splits = in.ConsumeIntegralInRange(0, 3) == 0 ? 0 : in.ConsumeIntegralInRange(1, 6);
   if (o.num_splits == 6) o.num_splits = std::numeric_limits<index_t>::max();  // as many as there are key tiles (issue 27, N4)
+  o.batch_invariant = o.num_splits <= 1 && in.ConsumeIntegralInRange(0, 3) == 0;  // fixed chunks, fixed tiles
   // Small budgets give small key tiles, so that num_splits cuts 60-key sequences.
   p.budget_kind = in.ConsumeIntegralInRange(0, 3);
   switch (p.budget_kind) {
@@ -528,7 +523,7 @@ PagedPlan make_plan(const Problem& p, const Call<T, KV>& c, const PagedOptions& 
 
 // ---- Bad arguments ----------------------------------------------------------------------
 
-constexpr int corruption_count = 29;
+constexpr int corruption_count = 31;
 constexpr int plan_mismatch = 9;
 
 /// One input byte: a corruption (about half the inputs) or none (-1).
@@ -690,6 +685,11 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
       c.vv.shape[0] = c.kv.shape[0];
       c.kv.stride[0] = past_ptrdiff_max;
       return "k_cache address range";
+    case 29: c.opts.attention_chunk = -1 - in.ConsumeIntegralInRange(0, 5); return "attention_chunk < 0";
+    case 30:
+      c.opts.batch_invariant = true;
+      c.opts.num_splits = 2 + in.ConsumeIntegralInRange(0, 3);
+      return "num_splits > 1 with batch_invariant";
     default:
       c.ov.shape[1] += 1;
       return "o seqlen or total";
@@ -702,7 +702,10 @@ PagedPlan mismatched_plan(FuzzedDataProvider& in, const Problem& p, Call<T, KV> 
   PagedOptions& o = other.opts;
   switch (in.ConsumeIntegralInRange(0, 5)) {
     case 0: o.causal = !o.causal; what = "plan for causal flipped"; break;
-    case 1: o.num_splits = o.num_splits == 2 ? 3 : 2; what = "plan for another num_splits"; break;
+    case 1:
+      if (o.batch_invariant) o.batch_invariant = false, what = "plan for batch_invariant on";
+      else o.num_splits = o.num_splits == 2 ? 3 : 2, what = "plan for another num_splits";
+      break;
     case 2: o.window_left = o.window_left == 3 ? -1 : 3; what = "plan for another window"; break;
     case 3: o.alignment = o.alignment == MaskAlignment::top_left ? MaskAlignment::bottom_right : MaskAlignment::top_left;
             what = "plan for another alignment"; break;
@@ -826,11 +829,13 @@ std::string describe(const Problem& p, const std::string& corruption, const std:
     for (auto x : p.cu) s += " " + std::to_string(x);
   }
   s += "\n  causal " + std::to_string(o.causal) + " top_left " + std::to_string(o.alignment == MaskAlignment::top_left) +
-       " window " + std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " softcap " +
+       " window " + std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " chunk " +
+       std::to_string(o.attention_chunk) + " softcap " +
        std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
        " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) + " bias " +
        std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) + " splits " +
-       std::to_string(o.num_splits) + " budget " + std::to_string(o.sram_budget_bytes) + " backend " +
+       std::to_string(o.num_splits) + (o.batch_invariant ? " batch_invariant" : "") + " budget " +
+       std::to_string(o.sram_budget_bytes) + " backend " +
        to_string(o.execution.backend) + " x " + std::to_string(o.execution.num_threads);
   if (p.kv >= KvType::int8)
     s += std::string("\n  k_scale ") + granularity_names[static_cast<int>(p.ks.kind)] + " v_scale " +

@@ -151,6 +151,7 @@ std::vector<BadCase> bad_cases() {
       // options of the forward variants
       {"window_left_below_minus_1", [](Call& c) { c.opts.window_left = -2; }, "window_left"},
       {"window_right_below_minus_1", [](Call& c) { c.opts.window_right = -5; }, "window_right"},
+      {"attention_chunk_negative", [](Call& c) { c.opts.attention_chunk = -1; }, "attention_chunk"},
       {"softcap_negative", [](Call& c) { c.opts.softcap = -1.0f; }, "softcap"},
       {"softcap_nan", [=](Call& c) { c.opts.softcap = nan; }, "softcap"},
       {"softcap_float_max", [](Call& c) { c.opts.softcap = std::numeric_limits<float>::max(); }, "softcap"},

@@ -14,12 +14,6 @@
 namespace tileattn::test {
 namespace {
 
-void expect_close(const Deviation& d, double tol = forward_o_tolerance) {
-  EXPECT_TRUE(d.problem.empty()) << d.problem;
-  EXPECT_LE(d.o, tol);
-  EXPECT_LE(d.lse, tol);
-}
-
 struct DecodeCase {
   index_t page_size, heads_q, heads_kv, head_dim;
 };
@@ -48,7 +42,7 @@ TEST(PagedForward, ChunkedPrefillAndVerifyWithEveryOption) {
   const float slopes[4] = {0.25f, 0.5f, 0.125f, 0.0625f};
   const float sinks[4] = {0.3f, -1.0f, 2.0f, 0.0f};
   for (index_t q_len : {4, 8, 37}) {
-    for (int variant = 0; variant < 5; ++variant) {
+    for (int variant = 0; variant < 7; ++variant) {
       PagedShape s{{40, 9, 300, 1000}, q_len, 4, 2, 40, 24, 7};
       PagedBatch<float> batch(s, 11 + static_cast<std::uint64_t>(q_len));
       PagedOptions opt;
@@ -57,6 +51,8 @@ TEST(PagedForward, ChunkedPrefillAndVerifyWithEveryOption) {
       if (variant == 2) opt.alibi_slopes = slopes;
       if (variant == 3) opt.softcap = 3.0f, opt.sinks = sinks;
       if (variant == 4) opt.window_left = 50, opt.window_right = 3, opt.alignment = MaskAlignment::top_left;
+      if (variant == 5) opt.attention_chunk = 64;                             // chunked local attention
+      if (variant == 6) opt.attention_chunk = 7, opt.window_left = 4, opt.causal = false;
       batch.run(opt);
       SCOPED_TRACE("q_len " + std::to_string(q_len) + " variant " + std::to_string(variant));
       expect_close(batch.against_reference(opt));

@@ -59,6 +59,21 @@ inline bool within(index_t i, index_t offset, index_t j, index_t side, bool left
   return left ? static_cast<__int128>(j) >= diagonal - side : static_cast<__int128>(j) <= diagonal + side;
 }
 
+/// Whether key j lies in the attention chunk of position i + offset (chunk <= 0: no chunks):
+/// the definition, floor((i + offset) / chunk) == floor(j / chunk), in 128-bit arithmetic.
+inline bool in_chunk(index_t i, index_t offset, index_t j, index_t chunk) {
+  if (chunk <= 0) return true;
+  const auto floor_div = [](__int128 a, __int128 c) { return a >= 0 ? a / c : -((-a + c - 1) / c); };
+  return floor_div(static_cast<__int128>(i) + offset, chunk) == floor_div(j, chunk);
+}
+
+/// Whether query i does not see key j through the causal / sliding window (left, right
+/// resolved: causal is right = 0) or the attention chunk.
+inline bool outside_window(const ScoreOptions& opt, index_t i, index_t offset, index_t j, index_t left, index_t right) {
+  return !within(i, offset, j, right, false) || !within(i, offset, j, left, true) ||
+         !in_chunk(i, offset, j, opt.attention_chunk);
+}
+
 /// Reference attention with every option; K/V head of query head h is h / (Hq / Hkv). V
 /// and O may have a head_dim of their own. NaN semantics (docs/options.md): a row that sees
 /// a NaN score gets O = NaN and LSE = NaN; a key whose score is -inf (masked, or made -inf)
@@ -95,7 +110,7 @@ AttentionResult attention(const TensorView<const T>& q, const TensorView<const T
             x += static_cast<double>(q(b, i, h, c)) * static_cast<double>(k(b, j, kh, c));
           x *= scale;
           if (opt.softcap > 0) x = opt.softcap * std::tanh(x / opt.softcap);
-          const bool outside = !within(i, offset, j, right, false) || !within(i, offset, j, left, true) ||
+          const bool outside = outside_window(opt, i, offset, j, left, right) ||
                                (opt.mask.data && !detail::broadcast_at(opt.mask, bb, h, i, j));
           if (opt.bias.data) x += detail::broadcast_at(opt.bias, bb, h, i, j);
           if (!opt.alibi_slopes.empty()) {

@@ -107,10 +107,6 @@ std::size_t bias_slot(const BackwardGrads<Real>& r, index_t bb, index_t h, index
   return r.bias_index(r.bias_shape[0] == 1 ? 0 : bb, r.bias_shape[1] == 1 ? 0 : h, i, j);
 }
 
-inline bool outside_window(index_t i, index_t offset, index_t j, index_t left, index_t right) {
-  return !within(i, offset, j, right, false) || !within(i, offset, j, left, true);
-}
-
 }  // namespace detail
 
 /// Exact gradients in double of L = sum(dout * O), O = attention(q, k, v, opt).o (dout has
@@ -163,7 +159,7 @@ BackwardResult attention_backward(const TensorView<const T>& q, const TensorView
           xs *= scale;
           x[sj] = xs;
           double zz = cap > 0 ? cap * std::tanh(xs / cap) : xs;
-          const bool outside = detail::outside_window(i, offset, j, left, right) ||
+          const bool outside = outside_window(opt, i, offset, j, left, right) ||
                                (opt.mask.data && !detail::broadcast_at(opt.mask, bb, h, i, j));
           if (opt.bias.data) zz += detail::broadcast_at(opt.bias, bb, h, i, j);
           zz -= slope * static_cast<double>(std::abs(i + offset - j));
@@ -328,7 +324,7 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
           if (opt.bias.data) s += static_cast<float>(detail::broadcast_at(opt.bias, bb, h, i, j));
           s -= slope * static_cast<float>(std::abs(i + offset - j));
           s = round_to<T>(s);
-          const bool outside = detail::outside_window(i, offset, j, left, right) ||
+          const bool outside = outside_window(opt, i, offset, j, left, right) ||
                                (opt.mask.data && !detail::broadcast_at(opt.mask, bb, h, i, j));
           visible[e] = !outside;
           P[e] = outside ? neg_inf : s;

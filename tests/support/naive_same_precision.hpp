@@ -43,8 +43,7 @@ void naive_same_precision(const TensorView<const float>& q, const TensorView<con
           for (index_t c = 0; c < d; ++c) dot += q(b, i, h, c) * k(b, j, kh, c);
           float x = round(dot * scale);  // S stored in T, as a T matmul returns it
           if (opt.softcap > 0) x = opt.softcap * std::tanh(x / opt.softcap);
-          const bool outside = !reference::within(i, offset, j, right, false) ||
-                               !reference::within(i, offset, j, left, true) ||
+          const bool outside = reference::outside_window(opt, i, offset, j, left, right) ||
                                (opt.mask.data && !reference::detail::broadcast_at(opt.mask, bb, h, i, j));
           if (opt.bias.data) x += static_cast<float>(reference::detail::broadcast_at(opt.bias, bb, h, i, j));
           if (!opt.alibi_slopes.empty()) {

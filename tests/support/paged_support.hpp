@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "support/test_support.hpp"
 #include "tileattn/paged.hpp"
 
@@ -134,5 +136,13 @@ struct PagedBatch {
     return worst;
   }
 };
+
+/// A batch's deviation from the reference is within `tol` on O and LSE, with no structural
+/// problem (Deviation::problem).
+inline void expect_close(const Deviation& d, double tol = forward_o_tolerance) {
+  EXPECT_TRUE(d.problem.empty()) << d.problem;
+  EXPECT_LE(d.o, tol);
+  EXPECT_LE(d.lse, tol);
+}
 
 }  // namespace tileattn::test

@@ -409,13 +409,20 @@ template <class F>
 /// (-1: unbounded), clamped to [0, nk): written out here independently of the kernel.
 struct VisibleKeys {
   index_t offset, left, right, nk;
+  index_t chunk = 0;  // attention_chunk (0: none): keys of position i + offset's chunk only
   index_t first(index_t i) const {
-    if (left < 0) return 0;
-    return std::min(std::max<index_t>(i + offset - left, 0), nk);
+    index_t lo = left < 0 ? 0 : i + offset - left;
+    if (chunk > 0) lo = std::max(lo, chunk_of(i) * chunk);
+    return std::min(std::max<index_t>(lo, 0), nk);
   }
   index_t end(index_t i) const {
-    if (right < 0) return nk;
-    return std::min(std::max<index_t>(i + offset + right + 1, 0), nk);
+    index_t hi = right < 0 ? nk : i + offset + right + 1;
+    if (chunk > 0) hi = std::min(hi, (chunk_of(i) + 1) * chunk);
+    return std::min(std::max<index_t>(hi, 0), nk);
+  }
+  index_t chunk_of(index_t i) const {  // floor((i + offset) / chunk)
+    const index_t position = i + offset;
+    return position >= 0 ? position / chunk : -1 - (-position - 1) / chunk;
   }
 };
 

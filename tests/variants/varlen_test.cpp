@@ -16,7 +16,7 @@ constexpr float inf = std::numeric_limits<float>::infinity();
 
 /// The options one varlen case turns on (besides a small SRAM budget, so sequences span tiles).
 enum class VarlenOption {
-  none, causal, causal_top_left, window, alibi_per_sequence, bias, bias_broadcast,
+  none, causal, causal_top_left, window, chunk, alibi_per_sequence, bias, bias_broadcast,
   mask, sinks, softcap, everything
 };
 
@@ -26,6 +26,7 @@ const char* to_string(VarlenOption o) {
     case VarlenOption::causal: return "causal";
     case VarlenOption::causal_top_left: return "causal_topleft";
     case VarlenOption::window: return "window";
+    case VarlenOption::chunk: return "chunk";
     case VarlenOption::alibi_per_sequence: return "alibi_per_sequence";
     case VarlenOption::bias: return "bias";
     case VarlenOption::bias_broadcast: return "bias_broadcast";
@@ -67,6 +68,8 @@ TEST_P(VarlenVsReference, EverySequenceMatchesItsReference) {
   if (o == VarlenOption::causal_top_left) opts.alignment = MaskAlignment::top_left;
   if (o == VarlenOption::window || all) opts.window_left = 10;
   if (o == VarlenOption::window) opts.window_right = 3;
+  if (o == VarlenOption::chunk || all) opts.attention_chunk = 16;
+  if (o == VarlenOption::chunk) opts.causal = true;
   if (o == VarlenOption::alibi_per_sequence || all) opts.alibi_slopes = slopes;
   if (o == VarlenOption::bias || all) opts.bias = bias.view();
   if (o == VarlenOption::bias_broadcast) opts.bias = bias1.view();
@@ -96,7 +99,7 @@ TEST_P(VarlenVsReference, EverySequenceMatchesItsReference) {
 std::vector<VarlenCase> varlen_cases() {
   const VarlenOption options[] = {
       VarlenOption::none,  VarlenOption::causal,  VarlenOption::causal_top_left,
-      VarlenOption::window, VarlenOption::alibi_per_sequence, VarlenOption::bias,
+      VarlenOption::window, VarlenOption::chunk, VarlenOption::alibi_per_sequence, VarlenOption::bias,
       VarlenOption::bias_broadcast, VarlenOption::mask, VarlenOption::sinks,
       VarlenOption::softcap, VarlenOption::everything};
   struct Heads {

@@ -2,7 +2,8 @@
 // causal masking (window_right forced to 0) and the two alignments (bottom-right as
 // FlashAttention >= 2.1, top-left as PyTorch SDPA) with seqlen_q != seqlen_k both ways,
 // against the reference; rows that see no key; and the keys the kernel skips outside the
-// window, counted in HBM bytes.
+// window, counted in HBM bytes. The same for attention_chunk (chunked local attention),
+// alone and with causal and a window.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -268,6 +269,110 @@ TEST(WindowSemantics, WindowsBeyondTheSequenceAreUnbounded) {
               << nq << " x " << nk << ", side " << side << ", which " << which;
         }
       }
+}
+
+}  // namespace
+}  // namespace tileattn::test
+
+// ---- attention_chunk (Llama 4's chunked local attention) --------------------------------------
+
+namespace tileattn::test {
+namespace {
+
+struct ChunkCase {
+  index_t seqlen_q, seqlen_k, chunk;
+  bool causal;
+  index_t left;  // window_left with the chunk (-1: none)
+  MaskAlignment alignment;
+};
+
+std::vector<ChunkCase> chunk_cases() {
+  std::vector<ChunkCase> out;
+  const std::pair<index_t, index_t> seqlens[] = {{67, 67}, {45, 131}, {131, 45}, {1, 1000}};
+  for (auto [nq, nk] : seqlens)
+    for (index_t chunk : {1, 7, 40, 64})
+      for (bool causal : {true, false})
+        out.push_back({nq, nk, chunk, causal, chunk == 40 && causal ? 17 : -1,
+                       nq == 131 && !causal ? MaskAlignment::top_left : MaskAlignment::bottom_right});
+  return out;
+}
+
+class ChunkVsReference : public ::testing::TestWithParam<ChunkCase> {};
+
+TEST_P(ChunkVsReference, MatchesWithinBound) {
+  const ChunkCase& c = GetParam();
+  Problem p({2, 4, 2, c.seqlen_q, c.seqlen_k, 32}, KvStorage::window, 29);
+  ForwardOptions opts;
+  opts.attention_chunk = c.chunk;
+  opts.causal = c.causal;
+  opts.window_left = c.left;
+  opts.alignment = c.alignment;
+  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, 32);  // query tiles across chunk edges
+  EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunks, ChunkVsReference, ::testing::ValuesIn(chunk_cases()), [](const auto& info) {
+  const ChunkCase& c = info.param;
+  return std::to_string(c.seqlen_q) + "x" + std::to_string(c.seqlen_k) + "_chunk" + std::to_string(c.chunk) +
+         (c.causal ? "_causal" : "") + (c.left >= 0 ? "_left" + std::to_string(c.left) : "") +
+         (c.alignment == MaskAlignment::top_left ? "_topleft" : "");
+});
+
+// Chunks of one key with causal: each query sees only the key at its own position, so its
+// output row is that key's V row; chunks as long as the sequence (or longer, up to
+// INT64_MAX) change nothing, bitwise.
+TEST(ChunkSemantics, OneKeyChunksCopyTheAlignedValueRowAndLongChunksAreNoChunk) {
+  Problem p({1, 2, 1, 33, 33, 16}, KvStorage::window, 5);
+  ForwardOptions opts;
+  opts.causal = true;
+  opts.attention_chunk = 1;
+  p.run(opts);
+  for (index_t i = 0; i < 33; ++i)
+    for (index_t h = 0; h < 2; ++h) EXPECT_LT(distance_to_value_row(p, 0, i, h, i), 1e-6f) << "row " << i;
+  for (bool causal : {true, false}) {
+    ForwardOptions none;
+    none.causal = causal;
+    p.reset_outputs();
+    p.run(none);
+    const std::vector<float> want = p.outputs();
+    for (index_t chunk : {index_t{33}, index_t{34}, std::numeric_limits<index_t>::max()}) {
+      ForwardOptions chunked = none;
+      chunked.attention_chunk = chunk;
+      p.reset_outputs();
+      p.run(chunked);
+      EXPECT_TRUE(bitwise_equal(p.outputs(), want)) << "chunk " << chunk;
+    }
+  }
+}
+
+/// K/V bytes read by a causal chunked call at Nq = Nk = n, and the kernel loop's count.
+std::uint64_t chunk_kv_bytes(index_t n, index_t chunk, std::uint64_t* analytic) {
+  constexpr index_t d = 64;
+  Problem p({1, 2, 2, n, n, d}, KvStorage::contiguous, 3);
+  ForwardOptions opts;
+  opts.causal = true;
+  opts.attention_chunk = chunk;
+  opts.sram_budget_bytes = forward_working_set_bytes(64, 64, d);
+  IoCounts counts;
+  opts.io_counts = &counts;
+  p.run(opts);
+  const TilePlan plan = forward_tiles(PlanShape{d, d, n, n, 1, 2}, opts);
+  *analytic = 2 * kv_bytes_per_kv_head(plan, 1, n, VisibleKeys{0, -1, 0, n, chunk}, d);
+  return counts.bytes_read - static_cast<std::uint64_t>(n * 2 * d) * sizeof(float);
+}
+
+// A query tile reads only the keys of the chunks its rows lie in: the bytes per query row
+// stay flat as the sequence grows, and follow the kernel's loop exactly.
+TEST(ChunkTraffic, KvBytesGrowWithTheChunkNotTheSequence) {
+  constexpr index_t chunk = 256;
+  std::uint64_t analytic_short = 0, analytic_long = 0;
+  const std::uint64_t short_seq = chunk_kv_bytes(1024, chunk, &analytic_short);
+  const std::uint64_t long_seq = chunk_kv_bytes(4096, chunk, &analytic_long);
+  EXPECT_EQ(short_seq, analytic_short);
+  EXPECT_EQ(long_seq, analytic_long);
+  EXPECT_NEAR(static_cast<double>(long_seq) / static_cast<double>(short_seq), 4.0, 0.01);
+  // Causal attention over 4096 keys reads ~N/2 keys per row; a chunk of 256, ~128 + Br/2.
+  EXPECT_LT(static_cast<double>(long_seq) / 4096, 0.1 * (4096 / 2) * 2 * 2 * 64 * sizeof(float));
 }
 
 }  // namespace

@@ -46,6 +46,12 @@ struct ScoreOptions {
   /// i + offset + window_right; -1 means unbounded on that side (FlashAttention's window_size).
   index_t window_left = -1;
   index_t window_right = -1;
+  /// Chunked local attention (Llama 4's attention_chunk, FlashAttention-3's): when > 0,
+  /// query i sees key j only if i + offset and j lie in the same chunk of attention_chunk
+  /// positions, floor((i + offset) / attention_chunk) == floor(j / attention_chunk); combined
+  /// with causal, the window and the masks (all must let the key through). 0: off. Key
+  /// tiles outside a query tile's chunks are skipped unloaded.
+  index_t attention_chunk = 0;
   /// When > 0, scores s become softcap * tanh(s / softcap) before masking (Gemma-2).
   float softcap = 0.0f;
   /// ALiBi: one slope per query head, or batch * heads_q slopes (per sequence); the bias
@@ -89,6 +95,14 @@ struct ForwardOptions : ScoreOptions {
   /// Scales of K and V stored in 8 bits (fp8_e4m3, fp8_e5m2, int8); only those take them.
   KvScaleView k_scale{};
   KvScaleView v_scale{};
+  /// Batch-invariant mode: every sequence's output bits (and, in the backward, its
+  /// gradients' bits) are the same whatever else is in the batch, for reproducible rollouts
+  /// and evaluations. The tiles are planned from the head dims, GQA group, element type and
+  /// budget alone (not the batch's longest sequence or its size), and forward_paged's
+  /// split-KV cuts every sequence at fixed multiples of detail::invariant_split_keys keys
+  /// (num_splits must be 0 or 1). Costs: short batches get no extra query tiles for idle
+  /// threads, and split-KV no longer adapts its chunks to the batch (docs/options.md).
+  bool batch_invariant = false;
 };
 
 /// The backward's options: the forward's (they must be the ones the forward ran with), and

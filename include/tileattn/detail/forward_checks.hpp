@@ -115,6 +115,7 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
   }
   TILEATTN_REQUIRE(p.window_left >= -1, "window_left", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_left));
   TILEATTN_REQUIRE(p.window_right >= -1, "window_right", "must be >= -1 (-1: unbounded), got " + std::to_string(p.window_right));
+  TILEATTN_REQUIRE(p.attention_chunk >= 0, "attention_chunk", "must be >= 0 (0: off), got " + std::to_string(p.attention_chunk));
   TILEATTN_REQUIRE(std::isfinite(p.softcap) && p.softcap >= 0.0f && p.softcap <= max_log, "softcap",
           "must be finite, >= 0 (0: off) and at most " + readable(max_natural_log_magnitude) +
               " (softcap * log2(e) must be a finite float), got " + readable(p.softcap));

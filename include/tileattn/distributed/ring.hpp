@@ -188,6 +188,8 @@ inline void check_ring(const RingComm& ring, const ShardLayout& layout, const Sc
   TILEATTN_REQUIRE(options.bias.data == nullptr, "bias", "is not supported by ring attention (it does not shard)");
   TILEATTN_REQUIRE(options.mask.data == nullptr, "mask", "is not supported by ring attention (it does not shard)");
   TILEATTN_REQUIRE(!options.diagonal_offset, "diagonal_offset", "is set by ring attention for each chunk pair; leave it unset");
+  TILEATTN_REQUIRE(options.attention_chunk == 0, "attention_chunk",
+                   "is not supported by ring attention yet (its chunks would start at each shard's first key)");
 }
 
 /// What every rank must agree on: the layout, the shapes and the options.

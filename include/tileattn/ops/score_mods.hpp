@@ -24,29 +24,44 @@
 
 namespace tileattn::ops {
 
-/// The keys each query position of one sequence sees: j in [first(i), end(i)).
+/// The keys each query position of one sequence sees: j in [first(i), end(i)), from the
+/// sliding window (causal is its right edge at 0) and the attention chunk, intersected.
 struct KeyWindow {
   index_t offset = 0;  // query i is aligned with key i + offset
   index_t left = -1;   // -1: unbounded
   index_t right = -1;  // -1: unbounded
   index_t k_len = 0;
+  index_t chunk = 0;   // attention_chunk; 0: none
 
-  /// The window of sequence `seq` under params p (alignment, window, causal). A side at
-  /// least q_len + k_len + |offset| wide is unbounded: no distance i + offset - j reaches
-  /// it, and the positions below never overflow.
+  /// The window of sequence `seq` under params p (alignment, window, causal, chunk). A side
+  /// at least q_len + k_len + |offset| wide is unbounded: no distance i + offset - j reaches
+  /// it, and the positions below never overflow. A chunk that wide is cut to that width:
+  /// every position i + offset then lies in chunk -1 or 0, as it did, and the keys of
+  /// chunk 0 are all k_len of them either way.
   template <class T, class KV>
   static KeyWindow of(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
     const index_t offset = p.mask_offset(seq);
     const index_t reach = seq.q_len + seq.k_len + (offset < 0 ? -offset : offset);
     const auto bound = [&](index_t side) { return side >= reach ? -1 : side; };
-    return {offset, bound(p.window_left), bound(p.effective_window_right()), seq.k_len};
+    const index_t chunk = p.attention_chunk > 0 ? std::min(p.attention_chunk, std::max<index_t>(reach, 1)) : 0;
+    return {offset, bound(p.window_left), bound(p.effective_window_right()), seq.k_len, chunk};
   }
 
   index_t first(index_t i) const {
-    return left < 0 ? 0 : std::clamp<index_t>(i + offset - left, 0, k_len);
+    const index_t from = left < 0 ? 0 : i + offset - left;
+    return std::clamp<index_t>(std::max(from, chunk_start(i)), 0, k_len);
   }
   index_t end(index_t i) const {
-    return right < 0 ? k_len : std::clamp<index_t>(i + offset + right + 1, 0, k_len);
+    const index_t to = right < 0 ? k_len : i + offset + right + 1;
+    return std::clamp<index_t>(chunk > 0 ? std::min(to, chunk_start(i) + chunk) : to, 0, k_len);
+  }
+  /// The first key of position i + offset's chunk (floor division), 0 without chunks. Both
+  /// first() and end() never decrease with i, with or without chunks.
+  index_t chunk_start(index_t i) const {
+    if (chunk == 0) return 0;
+    const index_t position = i + offset;
+    const index_t c = position >= 0 ? position / chunk : -((-position + chunk - 1) / chunk);
+    return c * chunk;
   }
   /// The positions of [p0, p0 + n) that see some key of [col0, col0 + cols), as [begin, end):
   /// contiguous, because first() and end() never decrease with the position.
