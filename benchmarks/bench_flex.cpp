@@ -16,6 +16,11 @@
 //   causal_bwd/...    B 1, H 8, N 4096, d 128, fp32: backward() with options.causal against
 //                     backward_flex() with flex::causal and its block mask, each on the O and
 //                     LSE of its own untimed forward. No target of its own (1.10x shown).
+//   tree_verify/...   a speculative verify step: 64 draft tokens at the end of a 32k-token
+//                     paged cache (fp32, Hq 32, Hkv 8, d 128, pages of 16): forward_paged()
+//                     with options.causal (a chain of drafts), against forward_paged_flex()
+//                     with draft_tree_mask() on a 64-node tree (fixed seed). Target: tree
+//                     time <= 1.2x causal (issue #32).
 //
 // Each family has three rows: <family>/<baseline> and <family>/flex time one member each;
 // <family>/paired runs both in every iteration, alternating which goes first, and reports
@@ -316,6 +321,68 @@ Pair causal_bwd_pair() {
   return pair;
 }
 
+constexpr index_t verify_keys = 32768, verify_tokens = 64, verify_heads = 32, verify_heads_kv = 8, verify_d = 128;
+constexpr index_t verify_page = 16;
+
+/// A paged cache of one sequence of verify_keys keys (its last verify_tokens are the drafts)
+/// and the drafts' queries, fp32, and a draft tree of verify_tokens nodes (fixed seed: each
+/// draft extends one of the 8 before it, or the accepted tokens, one in eight).
+struct VerifyProblem {
+  std::vector<float> q, k_pool, v_pool, o, o_flex, lse, lse_flex;
+  std::vector<std::int32_t> table, seqlens{static_cast<std::int32_t>(verify_keys)}, parents;
+  VerifyProblem() {
+    q = random_normal(static_cast<std::size_t>(verify_tokens * verify_heads * verify_d), 5);
+    k_pool = random_normal(static_cast<std::size_t>(verify_keys * verify_heads_kv * verify_d), 6);
+    v_pool = random_normal(k_pool.size(), 7);
+    o.assign(q.size(), 0.0f);
+    o_flex = o;
+    lse.assign(static_cast<std::size_t>(verify_heads * verify_tokens), 0.0f);
+    lse_flex = lse;
+    for (index_t p = 0; p < verify_keys / verify_page; ++p) table.push_back(static_cast<std::int32_t>(p));
+    std::mt19937 rng(64);
+    for (index_t t = 0; t < verify_tokens; ++t) {
+      const auto back = static_cast<std::int32_t>(1 + rng() % 8);
+      parents.push_back(t == 0 || rng() % 8 == 0 ? -1 : std::max<std::int32_t>(-1, static_cast<std::int32_t>(t) - back));
+    }
+  }
+  tileattn::TensorView<const float> pool(const std::vector<float>& x) const {
+    return tileattn::make_bshd<const float>(x.data(), verify_keys / verify_page, verify_page, verify_heads_kv, verify_d);
+  }
+  tileattn::TensorView<const float> queries() const {
+    return tileattn::make_bshd<const float>(q.data(), 1, verify_tokens, verify_heads, verify_d);
+  }
+  tileattn::TensorView<float> out(std::vector<float>& x) const {
+    return tileattn::make_bshd(x.data(), 1, verify_tokens, verify_heads, verify_d);
+  }
+  tileattn::BlockTableView block_table() const {
+    return tileattn::make_block_table(table.data(), 1, verify_keys / verify_page);
+  }
+};
+
+Pair tree_verify_pair() {
+  static VerifyProblem p;  // 256 MiB of pages: built once
+  Pair pair;
+  tileattn::PagedOptions causal;
+  causal.causal = true;
+  pair.baseline.run = [causal] {
+    tileattn::forward_paged(p.queries(), p.pool(p.k_pool), p.pool(p.v_pool), p.block_table(), p.seqlens, p.out(p.o),
+                            tileattn::make_lse(p.lse.data(), 1, verify_heads, verify_tokens), causal);
+    benchmark::DoNotOptimize(p.o.data());
+  };
+  const auto blocks = std::make_shared<const tileattn::BlockMask<flex::draft_tree>>(
+      tileattn::draft_tree_mask(p.parents, verify_tokens, p.seqlens));
+  pair.flex = flex_member(blocks, [blocks] {
+    tileattn::forward_paged_flex(p.queries(), p.pool(p.k_pool), p.pool(p.v_pool), p.block_table(), p.seqlens,
+                                 p.out(p.o_flex), tileattn::make_lse(p.lse_flex.data(), 1, verify_heads, verify_tokens),
+                                 flex::no_score_mod{}, *blocks);
+    benchmark::DoNotOptimize(p.o_flex.data());
+  });
+  // Both credited the same work: every (draft, accepted key) pair and the draft block.
+  pair.baseline.flops = pair.flex.flops = 4.0 * verify_d * verify_heads * verify_tokens * static_cast<double>(verify_keys);
+  pair.baseline.peak = pair.flex.peak = peak_gflops<float>();
+  return pair;
+}
+
 struct Family {
   const char* name;
   const char* baseline;  // the rows: name/baseline, name/flex, name/paired
@@ -333,6 +400,7 @@ const std::vector<Family>& families() {
       {"document", "varlen", &document_pair, true, 0.80, "flex GFLOP/s >= 0.8x varlen", 3, 3, 2},
       {"block_sparse", "dense", &block_sparse_pair, false, 0.15, "flex time <= 0.15x dense", 1, 2, 1},
       {"causal_bwd", "builtin", &causal_bwd_pair, false, 1.10, "none (1.10x as the forward)", 1, 1, 1},
+      {"tree_verify", "causal", &tree_verify_pair, false, 1.20, "tree time <= 1.20x causal verify", 3, 3, 2},
   };
   return f;
 }

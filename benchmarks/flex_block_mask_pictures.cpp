@@ -48,6 +48,42 @@ struct sink_tokens {
   bool operator()(index_t, index_t, index_t, index_t kv) const { return kv < count; }
 };
 
+/// A speculative verify step (flex/tree_mask.hpp): 16 draft tokens in a tree, appended to a
+/// cache of 1008 accepted positions. Its blocks, then each draft's row over the drafts.
+void draft_tree_picture() {
+  //            accepted ... 1007
+  //           /        |        \    roots: parent -1
+  //          0         1         2        three candidates for the next token,
+  //        / | \      / \        |        then their continuations
+  //       3  4  5    6   7       8
+  //      /|  |       |          / \    16 drafts in all
+  //     9 10 11     12        13  14
+  //     |
+  //    15
+  const std::int32_t parents[] = {-1, -1, -1, 0, 0, 0, 1, 1, 2, 3, 3, 4, 6, 8, 8, 9};
+  constexpr index_t tokens = 16;
+  const std::int32_t seqlens[] = {static_cast<std::int32_t>(n)};
+  const auto m = tileattn::draft_tree_mask(parents, tokens, seqlens, {16, block});
+  std::printf("draft tree of a speculative verify step: 16 draft tokens after 1008 accepted positions\n"
+              "  tileattn::draft_tree_mask(parents, 16, cache_seqlens, {16, 64}), parents =\n"
+              "  {-1, -1, -1, 0, 0, 0, 1, 1, 2, 3, 3, 4, 6, 8, 8, 9} (-1: extends the last accepted token)\n");
+  std::printf("  one query block (16 drafts) x %ld key blocks: %ld full, %ld partial, %ld empty\n\n    ",
+              static_cast<long>(m.kv_blocks()), static_cast<long>(m.count(BlockKind::full)),
+              static_cast<long>(m.count(BlockKind::partial)), static_cast<long>(m.count(BlockKind::empty)));
+  for (index_t kb = 0; kb < m.kv_blocks(); ++kb) {
+    const BlockKind k = m.kind(0, 0, 0, kb);
+    std::printf("%c", k == BlockKind::full ? '#' : k == BlockKind::partial ? '+' : '.');
+  }
+  std::printf("\n\n  the partial block's last 16 keys (the drafts), one row per draft: 'x' visible\n"
+              "  (itself and its ancestors); every accepted key is visible to every draft\n\n");
+  for (index_t t = 0; t < tokens; ++t) {
+    std::string row = "    " + std::string(t < 10 ? " " : "") + std::to_string(t) + "  ";
+    for (index_t u = 0; u < tokens; ++u) row += m.mask_mod()(0, 0, t, n - tokens + u) ? 'x' : '.';
+    std::printf("%s\n", row.c_str());
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main() {
@@ -94,5 +130,6 @@ int main() {
   picture("or_masks inside and_masks: causal, and either a 128-key window or the first 16 keys (attention sinks)",
           "flex::and_masks{flex::causal{}, flex::or_masks{flex::sliding_window{.left = 128}, sink_tokens{16}}}",
           flex::and_masks{flex::causal{}, flex::or_masks{flex::sliding_window{.left = 128}, sink_tokens{16}}});
+  draft_tree_picture();
   return 0;
 }

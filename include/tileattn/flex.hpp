@@ -18,7 +18,9 @@
 // before the functors: softcap, bias and ALiBi, then score_mod, then the window, causal and
 // boolean masks, then the mask_mod (flex/scores.hpp; docs/flex.md). Views, storage types
 // (float, bf16, fp16; 8-bit K/V with scales), GQA, LSE and errors are forward()'s and
-// backward()'s.
+// backward()'s. forward_paged_flex (and its varlen form) does the same over a paged KV
+// cache (paged.hpp), e.g. a speculative verify step under a draft tree's mask
+// (flex/tree_mask.hpp).
 #pragma once
 
 #include <type_traits>
@@ -27,7 +29,9 @@
 #include "tileattn/flex/block_mask.hpp"
 #include "tileattn/flex/mods.hpp"
 #include "tileattn/flex/scores.hpp"
+#include "tileattn/flex/tree_mask.hpp"
 #include "tileattn/forward.hpp"
+#include "tileattn/paged.hpp"
 
 namespace tileattn {
 
@@ -109,6 +113,48 @@ void forward_flex_varlen(const PackedView<Q>& q, const PackedView<K>& k, const P
   if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>())
     detail::forward_varlen_scored<O, std::remove_const_t<K>>(q, k, v, o, lse, seqs, options,
                                                              detail::flex_scores(score_mod, mask));
+}
+
+namespace detail {
+/// A checked paged call (forward_paged's checks, the block mask's against the batch), its
+/// plan with `scores`, and its run.
+template <class T, class KV, class Scores>
+void run_paged_flex(const PagedCall<T, KV>& call, const PagedOptions& options, const Scores& scores) {
+  scores.check(call.params, call.longest_q, call.longest_k);
+  const PagedPlan plan = make_paged_plan_scored(call.params, call.longest_q, call.longest_k, options, scores);
+  run_paged_scored(call.params, plan, options, scores);
+}
+}  // namespace detail
+
+/// forward_paged() with a score_mod and a mask (a mask_mod or a BlockMask): q_idx counts the
+/// sequence's queries and kv_idx its cache positions (0 .. cache_seqlens[b]); a block mask
+/// covers [batch or 1, heads or 1, seqlen_q, max(cache_seqlens)], and its empty blocks'
+/// pages are never read. A speculative verify step's tree mask: flex/tree_mask.hpp.
+template <class Q, class K, class V, class O, class ScoreMod, class Mask>
+void forward_paged_flex(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                        BlockTableView block_table, std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o,
+                        LseView lse, const ScoreMod& score_mod, const Mask& mask, const PagedOptions& options = {}) {
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>()) {
+    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                    o, lse, options);
+    detail::run_paged_flex(call, options, detail::flex_scores(score_mod, mask));
+  }
+}
+
+/// forward_paged_flex() with queries of varying lengths (forward_paged_varlen()'s layout): a
+/// block mask covers [batch or 1, heads or 1, max query length, max(cache_seqlens)].
+template <class Q, class K, class V, class O, class ScoreMod, class Mask>
+void forward_paged_varlen_flex(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                               BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                               const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                               const ScoreMod& score_mod, const Mask& mask, const PagedOptions& options = {}) {
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>()) {
+    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
+                                                                           block_table, cache_seqlens, o, lse, options);
+    detail::run_paged_flex(call, options, detail::flex_scores(score_mod, mask));
+  }
 }
 
 /// The gradients of a forward_flex() call (backward()'s contract): the same score_mod and
