@@ -51,6 +51,8 @@ NB_MODULE(_C, m) {
       .def_rw("top_left", &Options::top_left)
       .def_rw("window_left", &Options::window_left)
       .def_rw("window_right", &Options::window_right)
+      .def_rw("attention_chunk", &Options::attention_chunk)
+      .def_rw("batch_invariant", &Options::batch_invariant)
       .def_rw("softcap", &Options::softcap)
       .def_rw("alibi_slopes", &Options::alibi_slopes, nb::arg().none())
       .def_rw("sinks", &Options::sinks, nb::arg().none())

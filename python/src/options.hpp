@@ -16,6 +16,8 @@ struct Options {
   bool causal = false;
   bool top_left = false;  // PyTorch SDPA's is_causal alignment; bottom-right otherwise
   index_t window_left = -1, window_right = -1;
+  index_t attention_chunk = 0;
+  bool batch_invariant = false;
   float softcap = 0.0f;
   OptionalIn alibi_slopes{}, sinks{}, bias{}, mask{};
   OptionalIn k_scale{}, v_scale{};
@@ -32,6 +34,8 @@ inline void fill(ForwardOptions& f, const Options& o) {
   f.alignment = o.top_left ? MaskAlignment::top_left : MaskAlignment::bottom_right;
   f.window_left = o.window_left;
   f.window_right = o.window_right;
+  f.attention_chunk = o.attention_chunk;
+  f.batch_invariant = o.batch_invariant;
   f.softcap = o.softcap;
   f.alibi_slopes = span_of<const float>(o.alibi_slopes, "alibi_slopes");
   f.sinks = span_of<const float>(o.sinks, "sinks");

@@ -91,6 +91,28 @@ def test_varlen_matches_each_sequence():
             assert np.abs(o[s] - want[0]).max() < 2e-6
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_attention_chunk_is_the_chunk_mask(chunk):
+    q, k, v = rand(1, 45, 2, 16, seed=4), rand(1, 131, 2, 16, seed=5), rand(1, 131, 2, 16, seed=6)
+    o = tileattn.attention(q, k, v, causal=True, attention_chunk=chunk, return_lse=False)
+    pos = np.arange(45)[:, None] + 131 - 45
+    keys = np.arange(131)[None, :]
+    visible = (keys <= pos) & (keys // chunk == pos // chunk)
+    want = tileattn.attention(q, k, v, mask=np.broadcast_to(visible, (1, 1, 45, 131)).copy(), return_lse=False)
+    assert np.abs(o - want).max() < 2e-6
+
+
+def test_batch_invariant_gives_a_sequence_the_same_bits_in_any_batch():
+    x = [rand(37, 4, 16, seed=7), rand(50, 2, 16, seed=8), rand(50, 2, 16, seed=9)]
+    other = [rand(300, 4, 16, seed=10), rand(700, 2, 16, seed=11), rand(700, 2, 16, seed=12)]
+    alone = tileattn.attention_varlen(*x, np.array([0, 37], np.int32), np.array([0, 50], np.int32), 37, 50,
+                                      causal=True, batch_invariant=True)[0]
+    both = tileattn.attention_varlen(*(np.concatenate([a, b]) for a, b in zip(x, other)),
+                                     np.array([0, 37, 337], np.int32), np.array([0, 50, 750], np.int32), 300, 700,
+                                     causal=True, batch_invariant=True)[0]
+    assert np.array_equal(alone, both[:37])
+
+
 def test_paged_decode_and_merge_states():
     page, Hkv, D = 4, 2, 16
     k_pool, v_pool = rand(6, page, Hkv, D, seed=1), rand(6, page, Hkv, D, seed=2)

@@ -39,13 +39,15 @@ def active_isa() -> str:
 
 
 def make_options(*, softmax_scale: Optional[float] = None, causal: bool = False, top_left: bool = False,
-                 window: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None,
-                 bias=None, mask=None, k_scale=None, v_scale=None, num_threads: int = 0,
-                 num_splits: int = 0) -> "_C.Options":
+                 window: Tuple[int, int] = (-1, -1), attention_chunk: int = 0, softcap: float = 0.0,
+                 alibi_slopes=None, sinks=None, bias=None, mask=None, k_scale=None, v_scale=None,
+                 num_threads: int = 0, num_splits: int = 0, batch_invariant: bool = False) -> "_C.Options":
     """The options object the low-level calls take (tileattn's ForwardOptions).
 
     ``causal`` is bottom-right aligned (FlashAttention) unless ``top_left`` (PyTorch SDPA's
-    ``is_causal``); ``window`` is ``(left, right)``, -1 unbounded; ``alibi_slopes`` and
+    ``is_causal``); ``window`` is ``(left, right)``, -1 unbounded; ``attention_chunk`` > 0
+    keeps each query to the keys of its chunk (Llama 4); ``batch_invariant`` makes a
+    sequence's bits independent of the rest of its batch (docs/options.md); ``alibi_slopes`` and
     ``sinks`` are float32 [heads_q]; ``bias`` (float32) and ``mask`` (bool, True attends) are
     [B or 1, H or 1, seqlen_q, seqlen_k]; ``num_threads`` 0 means every hardware thread.
     """
@@ -54,6 +56,8 @@ def make_options(*, softmax_scale: Optional[float] = None, causal: bool = False,
     o.causal = bool(causal)
     o.top_left = bool(top_left)
     o.window_left, o.window_right = int(window[0]), int(window[1])
+    o.attention_chunk = int(attention_chunk)
+    o.batch_invariant = bool(batch_invariant)
     o.softcap = float(softcap)
     o.alibi_slopes, o.sinks, o.bias, o.mask = alibi_slopes, sinks, bias, mask
     o.k_scale, o.v_scale = k_scale, v_scale
