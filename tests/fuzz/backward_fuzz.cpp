@@ -79,6 +79,8 @@ using fuzz::changed_outside;
 using fuzz::inf;
 using fuzz::nan;
 using fuzz::same_bits;
+using fuzz::attention_chunk;
+using fuzz::window_side;
 
 [[noreturn]] void fail(const std::string& what) { fuzz::fail("backward_fuzz", what); }
 

@@ -79,6 +79,8 @@ using fuzz::all_bits_equal;
 using fuzz::changed_outside;
 using fuzz::inf;
 using fuzz::nan;
+using fuzz::attention_chunk;
+using fuzz::window_side;
 
 [[noreturn]] void fail(const std::string& what) { fuzz::fail("forward_fuzz", what); }
 

@@ -92,6 +92,8 @@ using fuzz::all_bits_equal;
 using fuzz::inf;
 using fuzz::nan;
 using fuzz::same_bits;
+using fuzz::attention_chunk;
+using fuzz::window_side;
 
 [[noreturn]] void fail(const std::string& what) { fuzz::fail("paged_fuzz", what); }
 
