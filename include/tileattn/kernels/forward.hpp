@@ -546,22 +546,76 @@ void store_partial_state(const ForwardParams<T, KV>& p, const QueryBlock& blk, T
   }
 }
 
-/// Merges query head `head`'s partial states of one split sequence in chunk order and
-/// stores O and LSE as the unsplit kernel would (sink included).
+/// Merges query head `head`'s partial states of one split sequence in key order (its shared
+/// prefix's states first, if any, then its chunks') and stores O and LSE as the unsplit
+/// kernel would (sink included, once).
 template <class T, class KV, class Io>
 void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t head, MergeTiles& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
   const SequenceRange& seq = m.range;
   const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
+  const index_t prefix = m.prefix.chunks;
   const auto state = [&](index_t c) {
-    const index_t first = m.partial + (c * p.heads() + head) * seq.q_len;
+    const index_t first =
+        c < prefix ? m.prefix.row(c, head) : m.partial + ((c - prefix) * p.heads() + head) * seq.q_len;
     const MatrixView<float> o = accum_matrix(p, first, seq.q_len);
     return PartialState<float, MaxSumRows>{{o.data, o.rows, o.cols, o.row_stride, 1},
                                            {p.max_accum + first, p.sum_accum + first}};
   };
   float* lse = p.lse.data ? &p.lse(seq.view_batch, head, seq.q_start) : nullptr;
-  merge_rows(m.chunks, state, sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), lse,
+  merge_rows(prefix + m.chunks, state, sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), lse,
              p.lse.stride[2], p.sinks.empty() ? nullptr : &sink, t, io);
+}
+
+/// The SRAM an in-place item of `work` carves (in_place_item_bytes for its K/V heads per item).
+template <class T, class KV>
+std::size_t in_place_bytes_of(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work) {
+  return in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
+}
+
+/// One work item on the calling worker: K and V read in place (forward_in_place_heads) or
+/// packed into SRAM tiles (forward_query_block), from the worker's scratch.
+template <class Kv, class T, class KV, class Scores, class Io>
+void run_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, std::size_t in_place_bytes,
+              const Scores& scores, Io& counter) {
+  if (reads_kv_in_place(p, blk.range)) {
+    forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
+  } else {
+    with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
+      auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
+                                           plan.key_tile_rows, p.head_dim(), p.head_dim_v(), plan.panels);
+      forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
+    });
+  }
+}
+
+/// The merges of `work`'s split sequences (after all of its items ran), a (sequence, query
+/// head) per item; `io` holds a counter per worker and grows if the merges use more.
+template <class T, class KV, class Io>
+void run_merges(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
+                const Execution& exec, std::vector<Io>& io) {
+  const auto merges = static_cast<index_t>(work.merges().size()) * p.heads();
+  if (merges == 0) return;
+  index_t longest = 1;
+  for (const Merge& m : work.merges()) longest = std::max(longest, m.range.q_len);
+  const index_t rows = merge_block_rows(std::min<index_t>(longest, 64), p.head_dim_v(), plan.sram_budget_bytes);
+  if (worker_count(exec, merges) > static_cast<int>(io.size()))
+    io.resize(static_cast<std::size_t>(worker_count(exec, merges)));
+  parallel_for(exec, merges, [&](index_t item, int worker) {
+    auto tiles = MergeTiles::carve(worker_scratch(MergeTiles::footprint(rows, p.head_dim_v())), rows,
+                                   p.head_dim_v());
+    merge_partial_states(p, work.merges()[static_cast<std::size_t>(item / p.heads())], item % p.heads(),
+                         tiles, io[static_cast<std::size_t>(worker)]);
+  });
+}
+
+/// The bytes the counters of `io` counted (zero unless Io counts).
+template <class Io>
+IoCounts total_counts(const std::vector<Io>& io) {
+  IoCounts total;
+  if constexpr (Io::enabled)
+    for (const Io& counter : io) total += counter.counts;
+  return total;
 }
 
 /// Runs every work item of `work` under `exec`, then the split sequences' merges; returns
@@ -572,40 +626,13 @@ template <io_policy Io, class Kv = ContiguousKv, class T, class KV, class Scores
   requires kv_source<Kv, ForwardParams<T, KV>> && ops::forward_score_source<Scores, ForwardParams<T, KV>, Io>
 IoCounts run_forward(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work,
                      const Execution& exec, const Scores& scores = {}) {
-  const std::size_t in_place_bytes =
-      in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
+  const std::size_t in_place_bytes = in_place_bytes_of(p, plan, work);
   std::vector<Io> io(static_cast<std::size_t>(worker_count(exec, work.size())));
   parallel_for(exec, work.size(), [&](index_t item, int worker) {
-    const QueryBlock blk = work[item];
-    Io& counter = io[static_cast<std::size_t>(worker)];
-    if (reads_kv_in_place(p, blk.range)) {
-      forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
-    } else {
-      with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
-        auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
-                                             plan.key_tile_rows, p.head_dim(), p.head_dim_v(), plan.panels);
-        forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
-      });
-    }
+    run_item<Kv>(p, plan, work[item], in_place_bytes, scores, io[static_cast<std::size_t>(worker)]);
   });
-  const auto merges = static_cast<index_t>(work.merges().size()) * p.heads();
-  if (merges > 0) {
-    index_t longest = 1;
-    for (const Merge& m : work.merges()) longest = std::max(longest, m.range.q_len);
-    const index_t rows = merge_block_rows(std::min<index_t>(longest, 64), p.head_dim_v(), plan.sram_budget_bytes);
-    if (worker_count(exec, merges) > static_cast<int>(io.size()))
-      io.resize(static_cast<std::size_t>(worker_count(exec, merges)));
-    parallel_for(exec, merges, [&](index_t item, int worker) {
-      auto tiles = MergeTiles::carve(worker_scratch(MergeTiles::footprint(rows, p.head_dim_v())), rows,
-                                     p.head_dim_v());
-      merge_partial_states(p, work.merges()[static_cast<std::size_t>(item / p.heads())], item % p.heads(),
-                           tiles, io[static_cast<std::size_t>(worker)]);
-    });
-  }
-  IoCounts total;
-  if constexpr (Io::enabled)
-    for (const Io& counter : io) total += counter.counts;
-  return total;
+  run_merges(p, plan, work, exec, io);
+  return total_counts(io);
 }
 
 /// The same over the work list of an unsplit forward.

@@ -21,9 +21,15 @@
 // layout, as one contiguous run (a whole page of a paged cache) instead of heads_kv
 // strided pieces, which the hardware prefetchers follow far better (docs/paged.md).
 // Each head's arithmetic is unchanged: only the order in which heads run changes.
+//
+// Shared prefixes (prefix-once attention, kernels/shared_prefix.hpp). A sequence given
+// PrefixStates had its first `keys` keys attended by another list's items, together with
+// the other sequences that share those pages; its own items attend only the keys after
+// them and always write partial states, and its Merge folds the prefix's states in first.
 #pragma once
 
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "tileattn/core/params.hpp"
@@ -39,10 +45,32 @@ namespace tileattn::kernels {
 struct KeySplit {
   index_t keys_per_split = 0;
   index_t max_query_rows = 0;
+  /// Every sequence writes partial states, one chunk at least, whose merges run elsewhere
+  /// (a shared prefix's pass: kernels/shared_prefix.hpp; merges() says where they are).
+  bool partial_states = false;
 
   bool splits(index_t q_len, index_t group, index_t k_len) const {
     return keys_per_split > 0 && q_len * group <= max_query_rows && k_len > keys_per_split;
   }
+};
+
+/// Where a sequence's shared-prefix states are (kernels/shared_prefix.hpp): its keys
+/// [0, keys) were attended in `chunks` partial states, state c's row of query head h and
+/// position i at o_accum row partial + c * chunk_stride + h * head_stride + i. chunks == 0:
+/// no shared prefix.
+struct PrefixStates {
+  index_t keys = 0;
+  index_t chunks = 0;
+  index_t partial = 0, chunk_stride = 0, head_stride = 0;
+
+  index_t row(index_t chunk, index_t head) const { return partial + chunk * chunk_stride + head * head_stride; }
+};
+
+/// The shared prefixes of a batch's sequences (one PrefixStates per sequence, or none),
+/// and the first o_accum row a list's own partial states take (after the prefix pass's).
+struct SharedPrefixes {
+  std::span<const PrefixStates> of_sequence{};
+  index_t partial_base = 0;
 };
 
 struct QueryBlock {
@@ -56,29 +84,36 @@ struct QueryBlock {
 };
 
 /// One split sequence's merge: `chunks` partial states, each heads_q x q_len rows from
-/// o_accum row `partial` on (state c, head h, position i at partial + (c * heads_q + h) * q_len + i).
+/// o_accum row `partial` on (state c, head h, position i at partial + (c * heads_q + h) * q_len + i),
+/// after the states of its shared prefix, if any (they hold its first keys).
 struct Merge {
   index_t sequence;
   SequenceRange range;
   index_t chunks;
   index_t partial;
+  PrefixStates prefix{};
 };
 
 class ForwardWorkList {
  public:
   /// kv_heads_per_item divides heads_kv; > 1 only when each tile holds a whole group.
   /// `scores` (the kernel's score-modifier source) refines each tile's work estimate.
+  /// `shared`: the sequences whose first keys a shared prefix's pass attends (none by default).
   template <class T, class KV, class Scores = ops::BuiltinScores>
     requires ops::forward_score_source<Scores, ForwardParams<T, KV>>
   ForwardWorkList(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split = {},
-                  index_t kv_heads_per_item = 1, const Scores& scores = {})
+                  index_t kv_heads_per_item = 1, const Scores& scores = {}, const SharedPrefixes& shared = {})
       : heads_kv_(p.heads_kv()),
         group_(p.group_size()),
         heads_per_tile_(plan.heads_per_tile),
         chunks_((group_ + heads_per_tile_ - 1) / heads_per_tile_),
         kv_heads_per_item_(chunks_ == 1 ? kv_heads_per_item : 1),
-        kv_groups_(heads_kv_ / kv_heads_per_item_) {
-    for (index_t b = 0; b < p.batch(); ++b) add_sequence(p, plan, split, b, scores);
+        kv_groups_(heads_kv_ / kv_heads_per_item_),
+        partial_rows_(shared.partial_base) {
+    for (index_t b = 0; b < p.batch(); ++b) {
+      const auto at = static_cast<std::size_t>(b);
+      add_sequence(p, plan, split, b, scores, at < shared.of_sequence.size() ? shared.of_sequence[at] : PrefixStates{});
+    }
     std::stable_sort(tiles_.begin(), tiles_.end(),
                      [](const Tile& a, const Tile& b) { return a.keys > b.keys; });
   }
@@ -97,7 +132,8 @@ class ForwardWorkList {
   }
 
   /// The split sequences' merges, and the partial-state rows (o_accum rows, max_accum and
-  /// sum_accum entries) their states take.
+  /// sum_accum entries) their states take (from SharedPrefixes::partial_base on: the count
+  /// includes the rows before it).
   const std::vector<Merge>& merges() const { return merges_; }
   index_t partial_rows() const { return partial_rows_; }
 
@@ -110,19 +146,23 @@ class ForwardWorkList {
     index_t key_begin, key_end, partial;
   };
 
+  /// Sequence b's tiles and key chunks: keys [prefix.keys, k_len) (a shared prefix's pass
+  /// attends the keys before), cut at multiples of keys_per_split from there when it splits.
   template <class T, class KV, class Scores>
   void add_sequence(const ForwardParams<T, KV>& p, const TilePlan& plan, const KeySplit& split, index_t b,
-                    const Scores& scores) {
+                    const Scores& scores, const PrefixStates& prefix) {
     const SequenceRange seq = p.sequence(b);
     const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
-    const bool split_keys = split.splits(seq.q_len, group_, seq.k_len);
-    const index_t step = split_keys ? split.keys_per_split : std::max<index_t>(seq.k_len, 1);
-    const index_t key_chunks = (std::max<index_t>(seq.k_len, 1) + step - 1) / step;
+    const index_t lo = prefix.chunks > 0 ? prefix.keys : 0, own = seq.k_len - lo;  // keys of its own items
+    const bool cut = split.splits(seq.q_len, group_, own);
+    const bool split_keys = cut || split.partial_states || prefix.chunks > 0;  // partial states, merged
+    const index_t step = cut ? split.keys_per_split : std::max<index_t>(own, 1);
+    const index_t key_chunks = (std::max<index_t>(own, 1) + step - 1) / step;
     if (split_keys && seq.q_len > 0) {
-      merges_.push_back({b, seq, key_chunks, partial_rows_});
+      merges_.push_back({b, seq, key_chunks, partial_rows_, prefix});
     }
     for (index_t c = 0; c < key_chunks; ++c) {
-      const index_t begin = c * step, end = split_keys ? std::min(seq.k_len, begin + step) : seq.k_len;
+      const index_t begin = lo + c * step, end = split_keys ? std::min(seq.k_len, begin + step) : seq.k_len;
       const index_t partial = split_keys ? partial_rows_ + c * p.heads() * seq.q_len : -1;
       for (index_t row0 = 0; row0 < seq.q_len; row0 += plan.query_tile_rows) {
         const index_t rows = std::min(plan.query_tile_rows, seq.q_len - row0);
