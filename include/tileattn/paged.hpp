@@ -18,12 +18,19 @@
 // so every thread count gives the same bits (PagedOptions::num_splits chooses it), and in
 // batch-invariant mode on each sequence's own length only (ForwardOptions::batch_invariant).
 //
+// Prefix-once attention (FlashInfer's cascade): sequences whose block tables start with the
+// same pages (KvCache::fork, share_prefix) have those keys attended once per group, with
+// all the members' query rows in one product, and merged exactly with each sequence's own
+// keys (kernels/shared_prefix.hpp). The plan finds the groups from the table's page ids
+// (PagedOptions::shared_prefix, shared_prefix_min_keys).
+//
 // A PagedPlan (plan_forward_paged) holds the tile plan, the chunking and the work list of a batch
 // shape; forward_paged(plan, ...) reuses it, e.g. across the layers of one decode step.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -33,6 +40,7 @@
 #include "tileattn/forward.hpp"
 #include "tileattn/kernels/forward.hpp"
 #include "tileattn/kernels/merge.hpp"
+#include "tileattn/kernels/shared_prefix.hpp"
 #include "tileattn/merge_states.hpp"
 #include "tileattn/kernels/work_list.hpp"
 
@@ -50,6 +58,15 @@ struct PagedOptions : ForwardOptions {
   /// n > 1 cuts each sequence of at most 256 query rows (positions x group) into at most n
   /// key chunks. Never depends on the thread count.
   index_t num_splits = 0;
+  /// Prefix-once attention: sequences whose block tables start with the same page ids
+  /// (KvCache::fork, share_prefix) attend those keys once per group, all the members' query
+  /// rows in one product, and merge the result with their own keys' exactly. The plan
+  /// groups sequences that share at least shared_prefix_min_keys keys of whole pages, each
+  /// of whose query rows sees every shared key and that have at most 256 query rows
+  /// (positions x group; decode, verify). Not with ALiBi, a bias, a mask or batch_invariant
+  /// (nor in forward_paged_flex): those calls run per sequence. false: never.
+  bool shared_prefix = true;
+  index_t shared_prefix_min_keys = 256;
 };
 
 namespace detail {
@@ -75,8 +92,13 @@ class PagedPlan {
   const TilePlan& tiles() const { return tiles_; }
   /// Keys per split-KV chunk (0: no split).
   index_t keys_per_split() const { return split_.keys_per_split; }
-  /// The partial-state rows split-KV writes (each head_dim_v + 2 floats: O, max and sum).
+  /// The partial-state rows split-KV and prefix-once write (each head_dim_v + 2 floats: O,
+  /// max and sum).
   index_t partial_rows() const { return work_.partial_rows(); }
+  /// Prefix-once attention's groups and prefix pass (PagedOptions::shared_prefix); nullptr:
+  /// none, every sequence attends all its keys itself.
+  const kernels::SharedPrefixPlan* shared_prefix() const { return shared_prefix_.get(); }
+  const kernels::KeySplit& split() const { return split_; }
 
   struct Signature {  // everything the work list depends on
     std::vector<index_t> shape;
@@ -84,8 +106,13 @@ class PagedPlan {
     bool operator==(const Signature&) const = default;
   };
 
-  PagedPlan(const TilePlan& tiles, const kernels::KeySplit& split, kernels::ForwardWorkList work, Signature sig)
-      : tiles_(tiles), split_(split), work_(std::move(work)), signature_(std::move(sig)) {}
+  PagedPlan(const TilePlan& tiles, const kernels::KeySplit& split, kernels::ForwardWorkList work, Signature sig,
+            std::shared_ptr<const kernels::SharedPrefixPlan> shared_prefix = nullptr)
+      : tiles_(tiles),
+        split_(split),
+        work_(std::move(work)),
+        signature_(std::move(sig)),
+        shared_prefix_(std::move(shared_prefix)) {}
 
   const kernels::ForwardWorkList& work() const { return work_; }
   const Signature& signature() const { return signature_; }
@@ -95,6 +122,7 @@ class PagedPlan {
   kernels::KeySplit split_;
   kernels::ForwardWorkList work_;
   Signature signature_;
+  std::shared_ptr<const kernels::SharedPrefixPlan> shared_prefix_;
 };
 
 namespace detail {
@@ -106,7 +134,8 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
              p.causal, static_cast<index_t>(p.alignment), p.diagonal_offset.has_value(),
              p.diagonal_offset.value_or(0), p.window_left, p.window_right, p.attention_chunk,
              static_cast<index_t>(effective_sram_budget(options)), options.num_splits, options.batch_invariant,
-             static_cast<index_t>(kernels::tile_operands_for<T>())};
+             static_cast<index_t>(kernels::tile_operands_for<T>()), options.shared_prefix,
+             options.shared_prefix_min_keys};
   for (index_t b = 0; b < p.batch(); ++b) {
     const SequenceRange seq = p.sequence(b);
     s.q_lengths.push_back(static_cast<std::int32_t>(seq.q_len));
@@ -157,10 +186,41 @@ PagedPlan make_paged_plan_scored(const ForwardParams<T, KV>& p, index_t longest_
   return {tiles, split, kernels::ForwardWorkList(p, tiles, split, heads_per_item, scores), std::move(signature)};
 }
 
+/// A plan with prefix-once groups ends its signature with this mark, which no other plan's
+/// has (a flex call cannot run one).
+inline constexpr index_t shared_prefix_mark = -32;
+
+/// Whether the options let a row's keys split at a shared prefix: the mask and scores of a
+/// prefix key must not depend on the query's position (no ALiBi, bias or mask; the window,
+/// causal diagonal and attention chunk are checked per sequence: every row must see every
+/// shared key), and batch-invariant mode keeps a sequence's bits apart from the batch's.
+template <class T, class KV>
+bool shared_prefix_allowed(const ForwardParams<T, KV>& p, const PagedOptions& options) {
+  return options.shared_prefix && !options.batch_invariant && p.alibi_slopes.empty() && !p.bias.data &&
+         !p.mask.data && p.paged();
+}
+
+/// The built-in scores' plan: make_paged_plan_scored's, with prefix-once groups where the
+/// block table has them (kernels/shared_prefix.hpp): the prefix pass's plan, and the batch's
+/// work list remade so that each member attends only the keys after its group's prefix.
 template <class T, class KV>
 PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
                           const PagedOptions& options) {
-  return make_paged_plan_scored(p, longest_q, longest_k, options, ops::BuiltinScores{});
+  PagedPlan plan = make_paged_plan_scored(p, longest_q, longest_k, options, ops::BuiltinScores{});
+  if (!shared_prefix_allowed(p, options)) return plan;
+  auto groups = kernels::find_shared_prefixes(p, plan.tiles().key_tile_rows, options.shared_prefix_min_keys,
+                                              split_max_query_rows);
+  if (groups.empty()) return plan;
+  auto shared = std::make_shared<const kernels::SharedPrefixPlan>(kernels::make_shared_prefix_plan(
+      p, std::move(groups), [&](const PlanShape& shape) { return forward_tiles(shape, options); },
+      [&](const auto& pass, index_t key_tile, index_t longest, index_t heads_per_item) {
+        return choose_split(pass, key_tile, longest, options, heads_per_item);
+      }));
+  kernels::ForwardWorkList work(p, plan.tiles(), plan.split(), plan.work().kv_heads_per_item(), ops::BuiltinScores{},
+                                {shared->of_sequence, shared->partial_rows()});
+  PagedPlan::Signature signature = plan.signature();
+  signature.shape.push_back(shared_prefix_mark);
+  return {plan.tiles(), plan.split(), std::move(work), std::move(signature), std::move(shared)};
 }
 
 template <class T, class KV, class Scores>
@@ -183,9 +243,26 @@ void run_paged_scored(ForwardParams<T, KV> p, const PagedPlan& plan, const Paged
   }
 }
 
+/// A built-in call: run_paged_scored's, or with prefix-once groups the prefix pass and the
+/// batch's items together (kernels::run_shared_prefix), after the same checks.
 template <class T, class KV>
 void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options) {
-  run_paged_scored(std::move(p), plan, options, ops::BuiltinScores{});
+  const kernels::SharedPrefixPlan* shared = plan.shared_prefix();
+  if (!shared) return run_paged_scored(std::move(p), plan, options, ops::BuiltinScores{});
+  PagedPlan::Signature signature = paged_signature(p, options);
+  signature.shape.push_back(ops::BuiltinScores{}.key_tile_limit());
+  signature.shape.push_back(shared_prefix_mark);
+  TILEATTN_REQUIRE(plan.signature() == signature, "plan",
+          "was made for another batch shape, cache_seqlens, mask or options");
+  std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 2)));
+  p.o_accum = accum.data();
+  p.max_accum = p.o_accum + plan.partial_rows() * p.head_dim_v();
+  p.sum_accum = p.max_accum + plan.partial_rows();
+  if (options.io_counts) {
+    *options.io_counts = kernels::run_shared_prefix<CountingIo>(p, plan.tiles(), plan.work(), *shared, options.execution);
+  } else {
+    kernels::run_shared_prefix<NoIoCounting>(p, plan.tiles(), plan.work(), *shared, options.execution);
+  }
 }
 
 /// Checks a paged call and resolves its params; returns {params, longest q, longest k}.
@@ -204,6 +281,8 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
   check_page_pools(k_cache, v_cache);
   check_paged_queries(q, o, k_cache, v_cache, varlen);
   TILEATTN_REQUIRE(options.num_splits >= 0, "num_splits", "must be >= 0 (0: automatic), got " + std::to_string(options.num_splits));
+  TILEATTN_REQUIRE(options.shared_prefix_min_keys >= 1, "shared_prefix_min_keys",
+                   "must be >= 1, got " + std::to_string(options.shared_prefix_min_keys));
   TILEATTN_REQUIRE(!options.batch_invariant || options.num_splits <= 1, "num_splits",
                    "must be 0 or 1 with batch_invariant (n > 1 chunks by the batch's longest sequence), got " +
                        std::to_string(options.num_splits));
