@@ -16,6 +16,13 @@
 // prefill: B 1, context 4k, a 256-token chunk. plan: plan_forward_paged for B 8 at 4k (what a
 // decode step does once for all its layers) next to one decode step of one layer.
 //
+// Prefix-once (shared_prefix/...): B 8 sequences share a 16k-token prefix (the same pages in
+// every block table, as KvCache::fork leaves them) and have 100-499 tokens of their own;
+// one decode step with PagedOptions::shared_prefix on ("once") and off ("per_sequence").
+// KV_GB/s counts the K/V bytes each path reads (the prefix once, or once per sequence),
+// of_stream their fraction of the streaming read; step_GB/s is the per-sequence bytes over
+// the time for both, so its ratio between the two rows is the speedup.
+//
 //   bench_paged --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //   bench_paged --benchmark_filter=decode/fp32      # one group
 // Threads: the default Execution (all hardware threads, or OMP_NUM_THREADS).
@@ -222,11 +229,102 @@ void register_all() {
   benchmark::RegisterBenchmark("decode_with_plan/fp32/B:8/ctx:4096", decode_with_plan)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
+// ---- Prefix-once attention: 8 sequences sharing a 16k-token prefix --------------------------
+
+/// B sequences whose block tables start with the same `prefix` tokens' pages (shuffled in the
+/// pool with every suffix page), then 100 + 57 b (mod 400) tokens of their own each.
+template <class T>
+struct SharedPrefixWorkload {
+  index_t batch, prefix, max_pages = 0, num_pages = 0;
+  std::vector<T, tileattn::LineAlignedAllocator<T>> k_pool, v_pool;
+  std::vector<T> q, o;
+  std::vector<float> lse;
+  std::vector<std::int32_t> table, seqlens;
+
+  SharedPrefixWorkload(index_t b, index_t p) : batch(b), prefix(p) {
+    const index_t prefix_pages = p / page_size;  // whole pages (p is a multiple of page_size)
+    std::vector<index_t> own(static_cast<std::size_t>(b));
+    for (index_t s = 0; s < b; ++s) {
+      own[static_cast<std::size_t>(s)] = 100 + (57 * s) % 400;
+      seqlens.push_back(static_cast<std::int32_t>(p + own[static_cast<std::size_t>(s)]));
+      const index_t pages = (own[static_cast<std::size_t>(s)] + page_size - 1) / page_size;
+      max_pages = std::max(max_pages, prefix_pages + pages);
+      num_pages += pages;
+    }
+    num_pages += prefix_pages;
+    std::vector<std::int32_t> order(static_cast<std::size_t>(num_pages));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(11));
+    table.assign(static_cast<std::size_t>(b * max_pages), 0);
+    std::size_t next = static_cast<std::size_t>(prefix_pages);
+    for (index_t s = 0; s < b; ++s) {
+      std::copy_n(order.begin(), prefix_pages, table.begin() + s * max_pages);
+      for (index_t j = prefix_pages; j * page_size < seqlens[static_cast<std::size_t>(s)]; ++j)
+        table[static_cast<std::size_t>(s * max_pages + j)] = order[next++];
+    }
+    k_pool.resize(static_cast<std::size_t>(num_pages * page_size * heads_kv * head_dim));
+    v_pool.resize(k_pool.size());
+    std::uint32_t state = 777u;
+    const auto next_value = [&] {
+      state = state * 1664525u + 1013904223u;
+      return tileattn::from_float<T>(static_cast<float>(state >> 8) / 4194304.0f - 2.0f);
+    };
+    for (auto& x : k_pool) x = next_value();
+    for (auto& x : v_pool) x = next_value();
+    q.resize(static_cast<std::size_t>(b * heads_q * head_dim));
+    for (auto& x : q) x = next_value();
+    o.resize(q.size());
+    lse.resize(static_cast<std::size_t>(b * heads_q));
+  }
+
+  void run(bool once) {
+    tileattn::PagedOptions opts;
+    opts.shared_prefix = once;
+    const auto pool = [&](const auto& p) { return tileattn::make_bshd<const T>(p.data(), num_pages, page_size, heads_kv, head_dim); };
+    tileattn::forward_paged(tileattn::make_bshd<const T>(q.data(), batch, 1, heads_q, head_dim), pool(k_pool),
+                            pool(v_pool), tileattn::make_block_table(table.data(), batch, max_pages), seqlens,
+                            tileattn::make_bshd(o.data(), batch, 1, heads_q, head_dim),
+                            tileattn::make_lse(lse.data(), batch, heads_q, 1), opts);
+  }
+
+  /// K/V bytes of `keys` keys.
+  static double bytes(double keys) { return 2.0 * keys * heads_kv * head_dim * sizeof(T); }
+  double per_sequence_bytes() const { return bytes(static_cast<double>(std::accumulate(seqlens.begin(), seqlens.end(), std::int64_t{0}))); }
+  double once_bytes() const { return per_sequence_bytes() - bytes(static_cast<double>((batch - 1) * prefix)); }
+};
+
+template <class T>
+void shared_prefix_decode(benchmark::State& state, bool once) {
+  static std::unique_ptr<SharedPrefixWorkload<T>> w;
+  if (!w || w->batch != state.range(0) || w->prefix != state.range(1)) {
+    w.reset();
+    w = std::make_unique<SharedPrefixWorkload<T>>(state.range(0), state.range(1));
+  }
+  w->run(once);  // warm
+  timed(state, [&] { w->run(once); });
+  const double stream = tileattn::bench::stream_read_gbps(threads());
+  const double read = once ? w->once_bytes() : w->per_sequence_bytes();
+  state.counters["KV_GB/s"] = benchmark::Counter(read * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["of_stream"] = benchmark::Counter(read * 1e-9 / stream, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["step_GB/s"] = benchmark::Counter(w->per_sequence_bytes() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_shared_prefix() {
+  for (bool once : {true, false}) {
+    const std::string path = once ? "once" : "per_sequence";
+    benchmark::RegisterBenchmark(("shared_prefix/fp32/" + path).c_str(), [once](benchmark::State& s) { shared_prefix_decode<float>(s, once); })
+        ->Args({8, 16384})->ArgNames({"B", "prefix"})->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("shared_prefix/bf16/" + path).c_str(), [once](benchmark::State& s) { shared_prefix_decode<tileattn::bf16>(s, once); })
+        ->Args({8, 16384})->ArgNames({"B", "prefix"})->UseManualTime()->Unit(benchmark::kMillisecond);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   register_all();
+  register_shared_prefix();
   benchmark::AddCustomContext("threads", std::to_string(threads()));
   benchmark::AddCustomContext("stream_read_GB/s", std::to_string(tileattn::bench::stream_read_gbps(threads())));
   benchmark::RunSpecifiedBenchmarks();
