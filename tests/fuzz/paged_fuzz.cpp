@@ -14,7 +14,8 @@
 // and the sentinel in O), a strided or contiguous LSE or none, every option (causal and both
 // alignments, windows, attention chunks, softcap, scale, ALiBi, sinks, bias, mask, num_splits
 // (and batch_invariant where it is 0 or 1) with SRAM budgets small enough that 60-key
-// sequences really split, or INT64_MAX, backend and thread count), NaN
+// sequences really split, or INT64_MAX, backend and thread count, prefix-once on or off with
+// thresholds low enough that sequence 0's shared pages group), NaN
 // and Inf at chosen Q/K/V elements, and the storage types: K/V pools in float, bf16, fp16
 // (Q alike) or 8-bit (int8, fp8 e4m3, fp8 e5m2 with float Q; int8 with bf16 Q too:
 // execute_q says why) with PagedOptions::k_scale / v_scale per tensor, per K/V head, per
@@ -399,6 +400,11 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   Backend backend = backends[in.ConsumeIntegralInRange(0, 3)];
   if (!backend_available(backend)) backend = Backend::serial;
   o.execution = {backend, in.ConsumeIntegralInRange(0, 3)};
+  // Prefix-once: sequences that share sequence 0's full pages group at small thresholds
+  // (60-key sequences never reach the default 256).
+  const index_t min_keys[] = {1, 4, 16, 256};
+  o.shared_prefix_min_keys = min_keys[in.ConsumeIntegralInRange(0, 3)];
+  o.shared_prefix = in.ConsumeIntegralInRange(0, 7) != 0;
 }
 
 /// Everything but the typed views: shapes, pages, values, options, layouts, the rerun.
@@ -599,7 +605,13 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
         case 3: if (!o_nonempty) return "none"; c.ov.data = nullptr; return "null o";
         default: c.table.data = nullptr; return "null block_table";
       }
-    case 11: c.opts.num_splits = -in.ConsumeIntegralInRange(1, 3); return "num_splits negative";
+    case 11:
+      if (in.ConsumeBool()) {
+        c.opts.shared_prefix_min_keys = -in.ConsumeIntegralInRange(0, 3);
+        return "shared_prefix_min_keys < 1";
+      }
+      c.opts.num_splits = -in.ConsumeIntegralInRange(1, 3);
+      return "num_splits negative";
     case 12: (in.ConsumeBool() ? c.opts.window_left : c.opts.window_right) = -2 - in.ConsumeIntegralInRange(0, 5); return "window < -1";
     case 13: { const float bad[] = {-1.0f, nan, inf, std::numeric_limits<float>::max()}; c.opts.softcap = bad[in.ConsumeIntegralInRange(0, 3)]; return "softcap"; }
     case 14: { const float bad[] = {0.0f, nan, -1.0f, inf}; c.opts.softmax_scale = bad[in.ConsumeIntegralInRange(0, 3)]; return "softmax_scale"; }
