@@ -1,9 +1,10 @@
 // tests/paged/shared_prefix_test.cpp: prefix-once attention (PagedOptions::shared_prefix,
 // kernels/shared_prefix.hpp). Batches whose block tables share prefix pages, made by hand
 // (groups of different sizes, sequences that share nothing, a sequence ending inside the
-// shared pages, page sizes that do not divide the key tile) and by KvCache::fork and
-// share_prefix; decode, causal verify and varlen batches mixing both; GQA; fp32, bf16 and an
-// int8 cache. The plan must find exactly the expected groups, the results must match the
+// shared pages, members whose keys are all shared, page sizes that do not divide the key
+// tile) and by KvCache::fork and share_prefix; decode, causal verify and varlen batches
+// mixing both; GQA; fp32, bf16 and an int8 cache. The plan must find exactly the expected
+// groups, the results must match the
 // double reference (bf16: FlashAttention's rule against a naive bf16 implementation) and
 // the per-sequence path (shared_prefix = false) within rounding, give the same bits on
 // every backend and thread count, and read each group's shared pages once per K/V head
@@ -336,6 +337,20 @@ TEST(SharedPrefix, PageSizesThatSplitKeyTilesMhaAndMqa) {
     const SharedBatch<float> batch(specs, page, hq, hkv, 40, 5);
     check_against_per_sequence(batch, batch.options(), {{0, 1, 2, 3}});
   }
+}
+
+TEST(SharedPrefix, IdenticalTablesLeaveAMemberNoKeysOfItsOwn) {
+  // Sequences 0 and 1 hold the same 32 pages and 512 keys: decoding (non-causal: every key
+  // visible) the whole sequence is the shared prefix and each member's own chunk is empty;
+  // 2 holds one more page.
+  const std::vector<SeqSpec> specs{{512, 1}, {512, 1, 0, 32}, {520, 1, 0, 32}};
+  const SharedBatch<float> batch(specs, 16, 8, 2, 64, 31);
+  PagedOptions opt = batch.options();
+  opt.causal = false;
+  const PagedPlan plan = batch.plan(opt);
+  ASSERT_NE(plan.shared_prefix(), nullptr);
+  EXPECT_EQ(plan.shared_prefix()->groups[0].keys, 512);
+  check_against_per_sequence(batch, opt, {{0, 1, 2}});
 }
 
 TEST(SharedPrefix, SinksCountOnceSoftcapAndWideChunksKeepTheGroups) {
