@@ -86,6 +86,9 @@ void check_saved_lse(const StridedView<const float, R>& lse,
 template <class T>
 void check_backward_params(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
                            const BackwardOptions& options) {
+  TILEATTN_REQUIRE(!options.rotary.enabled(), "rotary_cos",
+                   "is not supported by the backward (it would need dQ and dK rotated back): rotate Q and K before "
+                   "the forward and the backward (apply_rotary), and leave options.rotary unset");
   check_options(p, p.batch(), max_seqlen_q, max_seqlen_k, options.execution);
   check_budget(options);
   check_extra_gradients(p);

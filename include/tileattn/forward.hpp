@@ -22,6 +22,7 @@
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/detail/forward_checks.hpp"
+#include "tileattn/detail/rotary_checks.hpp"
 #include "tileattn/kernels/forward.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/memory/cache_size.hpp"
@@ -142,6 +143,7 @@ ForwardParams<T, KV> make_params(TensorView<const T> q, TensorView<const KV> k, 
   p.o = o;
   p.lse = lse;
   p.softmax_scale = default_scale(opt, q.shape[dim::head_dim]);
+  p.rotary = opt.rotary;
   return p;
 }
 
@@ -180,8 +182,8 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
 /// The checks every forward-family call (forward, varlen, flex, paged) makes once its params
 /// and sequences are set, in one order: the 8-bit scales (`scales_of` names their leading
 /// dimension, e.g. "batch" or "num_pages", of extent `scales_extent`), the options against
-/// `sequences` sequences of at most max_seqlen_q / max_seqlen_k, the budget, and aliasing
-/// (every output against every input and index array).
+/// `sequences` sequences of at most max_seqlen_q / max_seqlen_k, the budget, aliasing
+/// (every output against every input and index array), and the rotary tables and positions.
 template <class T, class KV>
 void check_call(ForwardParams<T, KV>& p, const ForwardOptions& options, const char* scales_of, index_t scales_extent,
                 index_t sequences, index_t max_seqlen_q, index_t max_seqlen_k) {
@@ -189,6 +191,7 @@ void check_call(ForwardParams<T, KV>& p, const ForwardOptions& options, const ch
   check_options(p, sequences, max_seqlen_q, max_seqlen_k, options.execution);
   check_budget(options);
   check_aliasing(p);
+  check_rotary(p);
 }
 
 /// Every check forward() makes of its arguments, and the params they give (also how

@@ -83,9 +83,34 @@ using KvScaleView = StridedView<const float, 2>;
 /// A scale view of extents 1 x 1 for one scale shared by every key: per-tensor scaling.
 inline KvScaleView per_tensor_scale(const float* scale) { return {scale, {1, 1}, {0, 0}}; }
 
+/// Rotary position embedding (RoPE), FlashAttention's flash_attn_with_kvcache(rotary_cos,
+/// rotary_sin, rotary_interleaved): the forward rotates Q at its positions as it loads it,
+/// and KvCache::write / append and write_kv_slots rotate K as they write it (ops/rotary.hpp;
+/// docs/paged.md, "Rotary embedding"). cos and sin are [max_position, rotary_dim / 2] float
+/// tables (any non-negative strides) that the caller fills for any base or scaling (YaRN,
+/// Llama 3, NTK): the first rotary_dim = 2 x cos.shape[1] features of a row at position p
+/// rotate by the pairs (x1, x2) -> (x1 cos[p, c] - x2 sin[p, c], x1 sin[p, c] + x2 cos[p, c]),
+/// pairs (x[c], x[c + rotary_dim / 2]) (GPT-NeoX, the default) or (x[2c], x[2c + 1])
+/// (interleaved: GPT-J); the other features pass through. The result is rounded once to the
+/// rotated tensor's storage type. Both tables null: no rotation. Values need not be finite (a
+/// NaN in a row's entries makes that row NaN).
+struct RotaryOptions {
+  StridedView<const float, 2> cos{};
+  StridedView<const float, 2> sin{};
+  bool interleaved = false;
+
+  bool enabled() const { return cos.data != nullptr || sin.data != nullptr; }
+  index_t rotary_dim() const { return 2 * cos.shape[1]; }
+};
+
 struct ForwardOptions : ScoreOptions {
   /// Multiplies Q K^T before the softmax; unset means 1 / sqrt(head_dim).
   std::optional<float> softmax_scale;
+  /// Rotary embedding of Q at its positions (RotaryOptions): query i of a sequence of q_len
+  /// queries and k_len keys has position i + the diagonal's offset (ScoreOptions::diagonal:
+  /// i + k_len - q_len by default, the new tokens being the last of the keys; in the paged
+  /// calls k_len = cache_seqlens[b]). K is not rotated here: it was when it was written.
+  RotaryOptions rotary{};
   /// Backend and thread count.
   Execution execution{};
   /// Each worker's SRAM budget in bytes; 0 means the detected per-core L2 cache.
@@ -167,6 +192,8 @@ struct ForwardParams : ScoreOptions {
   // 8-bit K/V: scales [batch or num_pages, heads_kv] with broadcast extents as stride 0
   // (KvScaleView); data == nullptr: 1.
   KvScaleView k_scale{}, v_scale{};
+  // Rotary embedding of Q as it is loaded (disabled when its tables are null).
+  RotaryOptions rotary{};
 
   bool varlen() const { return cu_seqlens_q != nullptr; }
   bool paged() const { return cache_seqlens != nullptr; }

@@ -171,7 +171,7 @@ inline double now() { return MPI_Wtime(); }
 /// The checks every rank makes of its own shard before the collective comparison. A rank
 /// whose shard has no rows (seqlen < 2P) makes only these: the kernels' checks want rows,
 /// and the ranks that have some check the options every rank agrees on.
-inline void check_ring(const RingComm& ring, const ShardLayout& layout, const ScoreOptions& options,
+inline void check_ring(const RingComm& ring, const ShardLayout& layout, const ForwardOptions& options,
                        index_t q_rows, index_t k_rows, index_t v_rows) {
   TILEATTN_REQUIRE(layout.seqlen() > 0, "layout", "seqlen must be > 0, got 0");
   TILEATTN_REQUIRE(layout.ranks() == ring.size, "layout",
@@ -190,6 +190,9 @@ inline void check_ring(const RingComm& ring, const ShardLayout& layout, const Sc
   TILEATTN_REQUIRE(!options.diagonal_offset, "diagonal_offset", "is set by ring attention for each chunk pair; leave it unset");
   TILEATTN_REQUIRE(options.attention_chunk == 0, "attention_chunk",
                    "is not supported by ring attention yet (its chunks would start at each shard's first key)");
+  TILEATTN_REQUIRE(!options.rotary.enabled(), "rotary_cos",
+                   "is not supported by ring attention (its chunk pairs align by offset, not by position): rotate Q "
+                   "and K before the call (apply_rotary)");
 }
 
 /// What every rank must agree on: the layout, the shapes and the options.

@@ -1,7 +1,8 @@
 // tileattn/kernels/forward.hpp: the tiled forward kernel (FlashAttention-2 loop order).
 //
 // A work item is a QueryBlock (kernels/work_list.hpp). It loads the Q tiles of its query
-// heads once, streams through SRAM only the K/V tiles some of its rows can see (causal and
+// heads once (rotated at their positions when the call asks for rotary embedding:
+// ops/rotary.hpp), streams through SRAM only the K/V tiles some of its rows can see (causal and
 // windowed tiles outside the band are never loaded), applies the score modifiers, keeps
 // an online softmax, and writes O and LSE once, or, for one key chunk of a split-KV
 // sequence, its partial state, which a merge pass combines (run_merges). Where K and V
@@ -35,6 +36,7 @@
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
 #include "tileattn/ops/operand_layout.hpp"
+#include "tileattn/ops/rotary.hpp"
 #include "tileattn/ops/score_mods.hpp"
 #include "tileattn/ops/score_source.hpp"
 
@@ -324,7 +326,8 @@ auto item_scales(const ForwardParams<T, KV>& p, const QueryBlock& blk) {
   return scales;
 }
 
-/// Loads an item's queries into t.q and clears its output accumulator and statistics.
+/// Loads an item's queries into t.q (rotated at their positions when p.rotary is set: query
+/// i's is i + the diagonal's offset) and clears its output accumulator and statistics.
 template <class T, class KV, class Tiles, class Io>
 void start_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   const SequenceRange& seq = blk.range;
@@ -332,8 +335,12 @@ void start_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Til
   using QOp = typename decltype(t.q)::element_type;
   for (index_t g = 0; g < rows.heads; ++g) {                       // (positions, d) per head
     auto q_head = t.q.slice_rows(g * rows.positions, rows.positions);
-    load_rows(q_head, sequence_matrix(p.q, seq.view_batch, rows.head0 + g, seq.q_start, seq.q_len),
-              rows.position0, rows.positions, io);
+    const auto q = sequence_matrix(p.q, seq.view_batch, rows.head0 + g, seq.q_start, seq.q_len);
+    if (p.rotary.enabled())
+      ops::load_rows_rotated(q_head, q, rows.position0, rows.positions, p.rotary,
+                             rows.position0 + p.mask_offset(seq), io);
+    else
+      load_rows(q_head, q, rows.position0, rows.positions, io);
   }
   t.q.set_extent(rows.count(), operand_cols<QOp>(p.head_dim()));   // (Br, d)
   t.o.set_extent(rows.count(), p.head_dim_v());                    // (Br, dv)
