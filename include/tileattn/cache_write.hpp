@@ -20,6 +20,11 @@
 // 0); a token that raises it requantizes that page's rows of that head once, so a write
 // touches only the pages it writes into and no earlier page ever changes.
 //
+// Rotary embedding (RotaryOptions, core/params.hpp): given the tables and one position per
+// token (vLLM's `positions`), write_kv_slots rotates each K row at its token's position as
+// it writes it (V is never rotated), before an 8-bit pool quantizes it; apply_rotary rotates
+// rows in place with the same arithmetic (the unfused pass, e.g. for Q and K of a backward).
+//
 // Every argument is checked before anything is written; a bad one throws
 // tileattn::invalid_argument naming it.
 #pragma once
@@ -39,7 +44,9 @@
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/strided_view.hpp"
+#include "tileattn/detail/rotary_checks.hpp"
 #include "tileattn/detail/view_checks.hpp"
+#include "tileattn/ops/rotary.hpp"
 
 namespace tileattn {
 
@@ -173,6 +180,41 @@ void copy_token(const StridedView<const T, 3>& rows, index_t token, const PagePo
     for (index_t d = 0; d < rows.shape[2]; ++d) pool(page, row, h, d) = rows(token, h, d);
 }
 
+/// x[0, head_dim) = rows[token, head, :] as floats (exact).
+template <class S>
+void head_row(const StridedView<const S, 3>& rows, index_t token, index_t head, float* x) {
+  for (index_t d = 0; d < rows.shape[2]; ++d) x[d] = to_float(rows(token, head, d));
+}
+
+/// x (rows[token, head, :] as floats) rotated at `position` and rounded to T: what a rotated
+/// row of T holds.
+template <class T>
+void rotate_stored(const RotaryOptions& rotary, float* x, index_t position) {
+  ops::rotate_row(rotary, x, position);
+  ops::round_through<T>(x, rotary.rotary_dim());
+}
+
+/// copy_token with each head's row rotated at `position` (x: scratch of head_dim floats).
+template <class T>
+void copy_rotated_token(const StridedView<const T, 3>& rows, index_t token, const PagePoolView<T>& pool,
+                        index_t page, index_t row, const RotaryOptions& rotary, index_t position, float* x) {
+  for (index_t h = 0; h < rows.shape[1]; ++h) {
+    head_row(rows, token, h, x);
+    rotate_stored<T>(rotary, x, position);
+    for (index_t d = 0; d < rows.shape[2]; ++d) pool(page, row, h, d) = from_float<T>(x[d]);  // exact
+  }
+}
+
+/// An output of a rotating write (a pool, int8 scales, rows rotated in place) must not
+/// overlap what the rotation reads: the tables and the positions.
+template <class Out>
+void check_apart_from_rotary(const RotaryOptions& rotary, std::span<const std::int64_t> positions, const Out& out,
+                             const std::string& name) {
+  if (!rotary.enabled()) return;
+  check_disjoint_from_tables(rotary, out, name);
+  check_disjoint(out, name, array_view(positions), "positions");
+}
+
 /// A quantized pool's scale view: [num_pages or 1, heads_kv or 1] (int8: exactly
 /// [num_pages, heads_kv], not overlapping itself or the slot mapping, as it is written),
 /// disjoint from the pools and new rows,
@@ -227,26 +269,42 @@ void requantize_page_head(const PagePoolView<Q>& pool, index_t page, index_t hea
     }
 }
 
-/// pool[page, row, :, :] = rows[token, :, :] quantized at each head's scale; an int8 page's
-/// scale first grows to the token's largest finite magnitude / 127 if that is larger
-/// (requantizing the page's earlier rows of that head).
+/// pool[page, row, :, :] = rows[token, :, :] quantized at each head's scale, each head's row
+/// first rotated in float at `position` when `rotary` is set (x: scratch of head_dim floats);
+/// an int8 page's scale first grows to the row's largest finite magnitude / 127 if that is
+/// larger (requantizing the page's earlier rows of that head).
 template <class Q, class S>
 void quantize_token(const StridedView<const S, 3>& rows, index_t token, const PagePoolView<Q>& pool,
-                    const PageScaleView& scales, index_t page, index_t row) {
+                    const PageScaleView& scales, index_t page, index_t row, const RotaryOptions& rotary,
+                    index_t position, float* x) {
+  const index_t dim = rows.shape[2];
   for (index_t h = 0; h < rows.shape[1]; ++h) {
+    head_row(rows, token, h, x);
+    if (rotary.enabled()) ops::rotate_row(rotary, x, position);
     float& scale = scales(page, h);
     if constexpr (adaptive_scale<Q>) {
       float absmax = 0.0f;
-      for (index_t d = 0; d < rows.shape[2]; ++d)
-        if (const float x = to_float(rows(token, h, d)); std::isfinite(x)) absmax = std::max(absmax, std::abs(x));
+      for (index_t d = 0; d < dim; ++d)
+        if (std::isfinite(x[d])) absmax = std::max(absmax, std::abs(x[d]));
       if (absmax > scale * int8_max) {
         const float grown = absmax / int8_max;
         if (scale > 0.0f) requantize_page_head(pool, page, h, scale, grown);
         scale = grown;
       }
     }
-    for (index_t d = 0; d < rows.shape[2]; ++d) pool(page, row, h, d) = quantize<Q>(to_float(rows(token, h, d)), scale);
+    for (index_t d = 0; d < dim; ++d) pool(page, row, h, d) = quantize<Q>(x[d], scale);
   }
+}
+
+/// The rotary arguments of a write into k_cache and v_cache (and int8 scales): tables,
+/// positions of the tokens written, and the outputs apart from both.
+template <class K, class V>
+void check_write_rotary(const RotaryOptions& rotary, std::span<const std::int64_t> positions,
+                        std::span<const std::int64_t> slots, index_t num_tokens, const PagePoolView<K>& k_cache,
+                        const PagePoolView<V>& v_cache) {
+  check_rotary_write(rotary, positions, slots, num_tokens, k_cache.shape[3], "k_new");
+  check_apart_from_rotary(rotary, positions, k_cache, "k_cache");
+  check_apart_from_rotary(rotary, positions, v_cache, "v_cache");
 }
 
 }  // namespace detail
@@ -256,10 +314,14 @@ void quantize_token(const StridedView<const S, 3>& rows, index_t token, const Pa
 /// k_new [num_tokens, heads_kv, head_dim], v_new [num_tokens, heads_kv, head_dim_v], the
 /// caches' page pools [num_pages, page_size, heads_kv, head_dim(_v)]; T is float, bf16 or
 /// fp16; k_new and v_new hold the caches' type and may be const or not.
+/// With rotary tables (RotaryOptions), token i's K row is written rotated at positions[i]
+/// (num_tokens entries, each a row of the tables; a skipped token's is not read), rounded
+/// once to T: the bits apply_rotary would give it. V is written as it is.
 template <class SK, class SV, class T>
   requires(!quantized_type<T>)
 void write_kv_slots(const StridedView<SK, 3>& new_k, const StridedView<SV, 3>& new_v, PagePoolView<T> k_cache,
-                    PagePoolView<T> v_cache, std::span<const std::int64_t> slot_mapping) {
+                    PagePoolView<T> v_cache, std::span<const std::int64_t> slot_mapping,
+                    const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {}) {
   static_assert(storage_type<T>, "tileattn: write_kv_slots: the caches must hold float, bf16 or fp16");
   static_assert(std::is_same_v<std::remove_const_t<SK>, T> && std::is_same_v<std::remove_const_t<SV>, T>,
                 "tileattn: write_kv_slots: k_new and v_new must hold the caches' element type");
@@ -267,13 +329,44 @@ void write_kv_slots(const StridedView<SK, 3>& new_k, const StridedView<SV, 3>& n
   detail::check_kv_write(k_new, v_new, slot_mapping, k_cache, v_cache);
   const index_t page_size = k_cache.shape[1];
   detail::check_slot_mapping(slot_mapping, k_new.shape[0], k_cache.shape[0] * page_size);
+  detail::check_write_rotary(rotary, positions, slot_mapping, k_new.shape[0], k_cache, v_cache);
+  std::vector<float> x(rotary.enabled() ? static_cast<std::size_t>(k_new.shape[2]) : 0);
   for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
     const std::int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
     const auto token = static_cast<index_t>(i);
-    detail::copy_token(k_new, token, k_cache, slot / page_size, slot % page_size);
+    if (rotary.enabled())
+      detail::copy_rotated_token(k_new, token, k_cache, slot / page_size, slot % page_size, rotary, positions[i],
+                                 x.data());
+    else
+      detail::copy_token(k_new, token, k_cache, slot / page_size, slot % page_size);
     detail::copy_token(v_new, token, v_cache, slot / page_size, slot % page_size);
   }
+}
+
+/// Rotates rows [num_tokens, heads, head_dim] (float, bf16 or fp16) in place, token i at
+/// positions[i], with the arithmetic of the fused paths (the forward's Q load and the cache
+/// writes' K): the unfused pass (vLLM's rotary_embedding), and how Q and K reach a call that
+/// does not rotate (the backward, ring attention). Checked as write_kv_slots' rotary
+/// arguments; rows must not overlap themselves, the tables or the positions.
+template <class T>
+void apply_rotary(const StridedView<T, 3>& rows, std::span<const std::int64_t> positions,
+                  const RotaryOptions& rotary) {
+  static_assert(storage_type<T>, "tileattn: apply_rotary rotates rows of float, bf16 or fp16 (not const)");
+  constexpr std::array<const char*, 3> dims{"num_tokens", "heads", "head_dim"};
+  detail::check_view(rows, "rows", dims, detail::tokens_may_be_empty);
+  detail::check_no_self_overlap(rows, "rows");
+  TILEATTN_REQUIRE(rotary.enabled(), "rotary_cos", "data is null: apply_rotary needs the tables");
+  detail::check_rotary_write(rotary, positions, {}, rows.shape[0], rows.shape[2], "rows");
+  detail::check_apart_from_rotary(rotary, positions, rows, "rows");
+  const StridedView<const T, 3> in = rows;
+  std::vector<float> x(static_cast<std::size_t>(rows.shape[2]));
+  for (index_t i = 0; i < rows.shape[0]; ++i)
+    for (index_t h = 0; h < rows.shape[1]; ++h) {
+      detail::head_row(in, i, h, x.data());
+      detail::rotate_stored<T>(rotary, x.data(), positions[static_cast<std::size_t>(i)]);
+      for (index_t d = 0; d < rows.shape[2]; ++d) rows(i, h, d) = from_float<T>(x[d]);  // exact
+    }
 }
 
 }  // namespace tileattn
@@ -284,12 +377,14 @@ namespace tileattn {
 /// in float, bf16 or fp16 are quantized as they are written, at k_scale / v_scale
 /// [num_pages or 1, heads_kv or 1]: fixed for fp8 (each > 0), per (page, K/V head) and
 /// grown by the write for int8 ([num_pages, heads_kv], each >= 0; a new page's are 0). The
-/// header comment says how int8 scales grow. Checked as write_kv_slots; nothing is
-/// written (scales included) when a check fails.
+/// header comment says how int8 scales grow. With rotary tables, K rows are rotated in float
+/// at their positions before they are quantized (and before an int8 scale grows to them).
+/// Checked as write_kv_slots; nothing is written (scales included) when a check fails.
 template <quantized_type Q, class SK, class SV>
 void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<Q> k_cache,
                     PagePoolView<Q> v_cache, std::span<const std::int64_t> slot_mapping, PageScaleView k_scale,
-                    PageScaleView v_scale) {
+                    PageScaleView v_scale, const RotaryOptions& rotary = {},
+                    std::span<const std::int64_t> positions = {}) {
   using S = std::remove_const_t<SK>;
   static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
                 "tileattn: write_kv_slots: new K and V rows for a quantized cache must both hold float, bf16 or fp16");
@@ -302,12 +397,20 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
   const PageScaleView vs =
       detail::check_page_scales(v_scale, "v_scale", v_cache, slot_mapping, k_rows, v_rows, k_cache, v_cache);
   if constexpr (adaptive_scale<Q>) detail::check_disjoint(k_scale, "k_scale", v_scale, "v_scale");
+  detail::check_write_rotary(rotary, positions, slot_mapping, k_rows.shape[0], k_cache, v_cache);
+  if constexpr (adaptive_scale<Q>) {  // written too
+    detail::check_apart_from_rotary(rotary, positions, k_scale, "k_scale");
+    detail::check_apart_from_rotary(rotary, positions, v_scale, "v_scale");
+  }
+  std::vector<float> x(static_cast<std::size_t>(std::max(k_rows.shape[2], v_rows.shape[2])));
   for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
     const std::int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
     const auto token = static_cast<index_t>(i);
-    detail::quantize_token(k_rows, token, k_cache, ks, slot / page_size, slot % page_size);
-    detail::quantize_token(v_rows, token, v_cache, vs, slot / page_size, slot % page_size);
+    const index_t position = rotary.enabled() ? positions[i] : 0;
+    detail::quantize_token(k_rows, token, k_cache, ks, slot / page_size, slot % page_size, rotary, position, x.data());
+    detail::quantize_token(v_rows, token, v_cache, vs, slot / page_size, slot % page_size, RotaryOptions{}, 0,
+                           x.data());
   }
 }
 

@@ -43,6 +43,11 @@
 // head), start at 0 for a page taken from the free list, grow as values arrive, and are
 // copied with a page on copy-on-write.
 //
+// Rotary embedding. write and append take RotaryOptions (core/params.hpp: FlashAttention's
+// rotary_cos / rotary_sin tables and layout) and then write each K row rotated at its
+// position in the sequence (token t: position t), before an 8-bit cache quantizes it, so that
+// forward_paged with the same options.rotary attends with Q rotated at the same positions.
+//
 // Errors. Every call checks its arguments before it changes anything; a bad one throws
 // tileattn::invalid_argument naming it ("sequence" for an unknown or freed id). extend and
 // append throw out_of_pages (core/error.hpp) when too few pages are free, with every sequence
@@ -76,6 +81,7 @@
 #include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/quantized_types.hpp"
+#include "tileattn/detail/rotary_checks.hpp"
 #include "tileattn/detail/view_checks.hpp"
 #include "tileattn/memory/line_aligned.hpp"
 
@@ -199,43 +205,49 @@ class KvCache {
   /// Writes k_new [n, heads_kv, head_dim] and v_new [n, heads_kv, head_dim_v] into positions
   /// [position0, position0 + n) of the sequence in `layer`; they must be below length() and in
   /// pages the sequence holds alone. Rows hold T (float, bf16 or fp16 for an 8-bit cache,
-  /// which quantizes them); const or not.
+  /// which quantizes them); const or not. With rotary tables (RotaryOptions), each K row is
+  /// written rotated at its position in the sequence (position0 + i), before an 8-bit cache
+  /// quantizes it; V as it is.
   void write(index_t layer, SequenceId sequence, index_t position0, StridedView<const T, 3> k_new,
-             StridedView<const T, 3> v_new)
+             StridedView<const T, 3> v_new, const RotaryOptions& rotary = {})
     requires(!quantized)
   {
-    write_rows(layer, sequence, position0, k_new, v_new);
+    write_rows(layer, sequence, position0, k_new, v_new, rotary);
   }
   template <class RowK, class RowV>  // an 8-bit cache's rows, or rows of the wrong type (one clear error)
   void write(index_t layer, SequenceId sequence, index_t position0, const StridedView<RowK, 3>& k_rows,
-             const StridedView<RowV, 3>& v_rows)
+             const StridedView<RowV, 3>& v_rows, const RotaryOptions& rotary = {})
     requires(quantized || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
     if constexpr (takes_rows<RowK, RowV>) {
       using S = std::remove_const_t<RowK>;
-      write_rows(layer, sequence, position0, StridedView<const S, 3>(k_rows), StridedView<const S, 3>(v_rows));
+      write_rows(layer, sequence, position0, StridedView<const S, 3>(k_rows), StridedView<const S, 3>(v_rows),
+                 rotary);
     }
   }
 
   /// write() of the last n = k_new.shape[0] positions: the ones extend(sequence, n) reserved.
-  void write(index_t layer, SequenceId sequence, StridedView<const T, 3> k_new, StridedView<const T, 3> v_new)
+  void write(index_t layer, SequenceId sequence, StridedView<const T, 3> k_new, StridedView<const T, 3> v_new,
+             const RotaryOptions& rotary = {})
     requires(!quantized)
   {
-    write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
+    write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new, rotary);
   }
   template <class RowK, class RowV>
-  void write(index_t layer, SequenceId sequence, const StridedView<RowK, 3>& k_new, const StridedView<RowV, 3>& v_new)
+  void write(index_t layer, SequenceId sequence, const StridedView<RowK, 3>& k_new, const StridedView<RowV, 3>& v_new,
+             const RotaryOptions& rotary = {})
     requires(quantized || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
-    if constexpr (takes_rows<RowK, RowV>) write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new);
+    if constexpr (takes_rows<RowK, RowV>)
+      write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new, rotary);
   }
 
  private:
   template <class S>
   void write_rows(index_t layer, SequenceId sequence, index_t position0, StridedView<const S, 3> k_new,
-                  StridedView<const S, 3> v_new) {
+                  StridedView<const S, 3> v_new, const RotaryOptions& rotary) {
     check_layer(layer);
     const Sequence& s = at(sequence);
     check_new_rows(k_new, v_new, detail::new_k_dims, detail::new_v_dims, detail::tokens_may_be_empty);
@@ -253,11 +265,32 @@ class KvCache {
                                                 " sequences (only extend writes there)");
       slots[static_cast<std::size_t>(i)] = page * page_size() + (position0 + i) % page_size();
     }
+    std::vector<std::int64_t> positions(rotary.enabled() ? static_cast<std::size_t>(n) : 0);
+    for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = position0 + static_cast<index_t>(i);
     if constexpr (quantized) {
       write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, scales_view(k_scales_, layer),
-                     scales_view(v_scales_, layer));
+                     scales_view(v_scales_, layer), rotary, positions);
     } else {
-      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots);
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, rotary, positions);
+    }
+  }
+
+  /// append's rotary checks, before it extends: the tables against head_dim, the new
+  /// positions [position0, position0 + n) within them, and the tables apart from every
+  /// layer's pools and scales (write_kv_slots checks one layer's, after earlier layers wrote).
+  void check_append_rotary(const RotaryOptions& rotary, index_t position0, index_t n) const {
+    if (!rotary.enabled()) return;
+    detail::check_rotary_tables(rotary, config_.head_dim);
+    if (n > 0)
+      detail::check_rotary_positions(rotary, position0, position0 + n - 1,
+                                     [&] { return "the " + std::to_string(n) + " appended tokens"; });
+    for (index_t l = 0; l < num_layers(); ++l) {
+      detail::check_disjoint_from_tables(rotary, k_pages(l), "k_cache");
+      detail::check_disjoint_from_tables(rotary, v_pages(l), "v_cache");
+      if constexpr (quantized) {
+        detail::check_disjoint_from_tables(rotary, scales_view(k_scales_, l), "k_scale");
+        detail::check_disjoint_from_tables(rotary, scales_view(v_scales_, l), "v_scale");
+      }
     }
   }
 
@@ -274,34 +307,39 @@ class KvCache {
   }
 
   /// Extends by n and writes every layer: k_new [num_layers, n, heads_kv, head_dim], v_new
-  /// [num_layers, n, heads_kv, head_dim_v]. All or nothing.
-  void append(SequenceId sequence, TensorView<const T> k_new, TensorView<const T> v_new)
+  /// [num_layers, n, heads_kv, head_dim_v], K rotated at the new positions when `rotary` has
+  /// tables (as write). All or nothing.
+  void append(SequenceId sequence, TensorView<const T> k_new, TensorView<const T> v_new,
+              const RotaryOptions& rotary = {})
     requires(!quantized)
   {
-    append_rows(sequence, k_new, v_new);
+    append_rows(sequence, k_new, v_new, rotary);
   }
   template <class RowK, class RowV>
-  void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows)
+  void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows,
+              const RotaryOptions& rotary = {})
     requires(quantized || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
     if constexpr (takes_rows<RowK, RowV>) {
       using S = std::remove_const_t<RowK>;
-      append_rows(sequence, TensorView<const S>(k_rows), TensorView<const S>(v_rows));
+      append_rows(sequence, TensorView<const S>(k_rows), TensorView<const S>(v_rows), rotary);
     }
   }
 
  private:
   template <class S>
-  void append_rows(SequenceId sequence, TensorView<const S> k_new, TensorView<const S> v_new) {
+  void append_rows(SequenceId sequence, TensorView<const S> k_new, TensorView<const S> v_new,
+                   const RotaryOptions& rotary) {
     const index_t position0 = at(sequence).length;
     check_new_rows(k_new, v_new, {"num_layers", "num_tokens", "heads_kv", "head_dim"},
                    {"num_layers", "num_tokens", "heads_kv", "head_dim_v"}, {false, true, false, false});
     for (const auto& [view, name] : {std::pair{k_new, "k_new"}, std::pair{v_new, "v_new"}})
       require_extent(view, name, 0, "num_layers", num_layers());
+    check_append_rotary(rotary, position0, k_new.shape[1]);
     extend(sequence, k_new.shape[1]);  // the checks above are write()'s: nothing below throws
     for (index_t l = 0; l < num_layers(); ++l)
-      write_rows(l, sequence, position0, layer_rows(k_new, l), layer_rows(v_new, l));
+      write_rows(l, sequence, position0, layer_rows(k_new, l), layer_rows(v_new, l), rotary);
   }
 
  public:
