@@ -360,11 +360,12 @@ void apply_rotary(const StridedView<T, 3>& rows, std::span<const std::int64_t> p
   detail::check_rotary_write(rotary, positions, {}, rows.shape[0], rows.shape[2], "rows");
   detail::check_apart_from_rotary(rotary, positions, rows, "rows");
   const StridedView<const T, 3> in = rows;
-  std::vector<float> x(static_cast<std::size_t>(rows.shape[2]));
+  std::vector<float> buffer(static_cast<std::size_t>(rows.shape[2]));
+  float* x = buffer.data();
   for (index_t i = 0; i < rows.shape[0]; ++i)
     for (index_t h = 0; h < rows.shape[1]; ++h) {
-      detail::head_row(in, i, h, x.data());
-      detail::rotate_stored<T>(rotary, x.data(), positions[static_cast<std::size_t>(i)]);
+      detail::head_row(in, i, h, x);
+      detail::rotate_stored<T>(rotary, x, positions[static_cast<std::size_t>(i)]);
       for (index_t d = 0; d < rows.shape[2]; ++d) rows(i, h, d) = from_float<T>(x[d]);  // exact
     }
 }

@@ -55,6 +55,18 @@ void run_every_entry_point() {
   const auto tables = cache.batch(ids);
   forward_paged(in, cache.k_pages(0), cache.v_pages(0), tables.block_table_view(), tables.seqlens(), out);
   EXPECT_TRUE(all_finite(o));
+
+  // Rotary embedding: the rotating write, the rotated Q load, and the unfused pass.
+  const std::vector<float> table(static_cast<std::size_t>(seqlen * head_dim / 2), 0.5f);
+  const StridedView<const float, 2> half_table{table.data(), {seqlen, head_dim / 2}, {head_dim / 2, 1}};
+  PagedOptions options;
+  options.rotary = {half_table, half_table, true};
+  cache.write(0, ids[0], rows, rows, options.rotary);
+  forward_paged(in, cache.k_pages(0), cache.v_pages(0), tables.block_table_view(), tables.seqlens(), out, options);
+  std::vector<T> y = x;
+  const std::vector<std::int64_t> positions{0, 1, 2, 3};
+  apply_rotary(StridedView<T, 3>{y.data(), {seqlen, 1, head_dim}, {head_dim, head_dim, 1}}, positions, options.rotary);
+  EXPECT_TRUE(all_finite(o) && all_finite(y));
 }
 
 TEST(HeaderWarnings, FloatEntryPointsCompileCleanAndRun) { run_every_entry_point<float>(); }
