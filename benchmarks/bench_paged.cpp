@@ -15,6 +15,9 @@
 // B 1 at 16k and 64k, fp32 and bf16. Verify: B 8, context 4k, 4 and 8 new tokens; chunked
 // prefill: B 1, context 4k, a 256-token chunk. plan: plan_forward_paged for B 8 at 4k (what a
 // decode step does once for all its layers) next to one decode step of one layer.
+// rotary_step: a decode step (write the new token's K/V, attend) with rotary embedding fused
+// into KvCache::write and forward_paged's Q load, against rotating K and Q in a separate pass
+// (apply_rotary) first; B 8 at contexts 64, 512 and 4k, fp32 and bf16.
 //
 // Prefix-once (shared_prefix/...): B 8 sequences share a 16k-token prefix (the same pages in
 // every block table, as KvCache::fork leaves them) and have 100-499 tokens of their own;
@@ -29,6 +32,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -207,6 +211,94 @@ void decode_with_plan(benchmark::State& state) {
   timed(state, [&] { w.paged(plan); });
 }
 
+/// A decode step with rotary embedding, fused or not: B sequences of `context` tokens in a
+/// one-layer KvCache<T>, the new token's K and V written at the last position (the same slot
+/// every step, so the cache does not grow), then attention of its Q over the cache. Fused:
+/// KvCache::write rotates K as it writes it and forward_paged rotates Q as it loads it
+/// (options.rotary). Unfused: apply_rotary rotates K and Q in place first (a separate pass
+/// over them, as a model without the fused calls does), then the plain write and
+/// forward_paged. Llama-style tables (base 10000, rotary_dim = head_dim).
+template <class T>
+struct RotaryStep {
+  index_t batch, context;
+  tileattn::KvCache<T> cache;
+  std::vector<tileattn::SequenceId> ids;
+  std::vector<float> cos, sin;
+  std::vector<T> q, k_new, v_new, o;
+  std::vector<std::int64_t> positions;
+  typename tileattn::KvCache<T>::BatchTables tables;
+
+  RotaryStep(index_t b, index_t ctx)
+      : batch(b), context(ctx),
+        cache({.num_layers = 1, .num_pages = b * ((ctx + page_size - 1) / page_size), .page_size = page_size,
+               .heads_kv = heads_kv, .head_dim = head_dim}) {
+    std::uint32_t state = 777u;
+    const auto value = [&] {
+      state = state * 1664525u + 1013904223u;
+      return tileattn::from_float<T>(static_cast<float>(state >> 8) / 4194304.0f - 2.0f);
+    };
+    const index_t half = head_dim / 2;
+    for (index_t p = 0; p < ctx; ++p)
+      for (index_t c = 0; c < half; ++c) {
+        const double angle = static_cast<double>(p) * std::pow(10000.0, -static_cast<double>(c) / static_cast<double>(half));
+        cos.push_back(static_cast<float>(std::cos(angle)));
+        sin.push_back(static_cast<float>(std::sin(angle)));
+      }
+    std::vector<T> prompt(static_cast<std::size_t>(ctx * heads_kv * head_dim));
+    for (index_t s = 0; s < b; ++s) {
+      for (auto& x : prompt) x = value();
+      const auto rows = tileattn::make_bshd<const T>(prompt.data(), 1, ctx, heads_kv, head_dim);
+      ids.push_back(cache.create());
+      cache.append(ids.back(), rows, rows, rotary());
+      positions.push_back(ctx - 1);
+    }
+    tables = cache.batch(ids);
+    q.resize(static_cast<std::size_t>(b * heads_q * head_dim));
+    k_new.resize(static_cast<std::size_t>(b * heads_kv * head_dim));
+    v_new.resize(k_new.size());
+    for (auto* x : {&q, &k_new, &v_new})
+      for (auto& e : *x) e = value();
+    o.resize(q.size());
+  }
+
+  tileattn::RotaryOptions rotary() const {
+    const index_t half = head_dim / 2;
+    return {{cos.data(), {context, half}, {half, 1}}, {sin.data(), {context, half}, {half, 1}}, false};
+  }
+  tileattn::StridedView<T, 3> rows(std::vector<T>& x, index_t heads, index_t s) {
+    return {x.data() + s * heads * head_dim, {1, heads, head_dim}, {heads * head_dim, head_dim, 1}};
+  }
+  void step(bool fused) {
+    tileattn::PagedOptions opts;
+    if (fused) {
+      opts.rotary = rotary();
+    } else {
+      tileattn::apply_rotary(tileattn::StridedView<T, 3>{k_new.data(), {batch, heads_kv, head_dim}, {heads_kv * head_dim, head_dim, 1}},
+                             positions, rotary());
+      tileattn::apply_rotary(tileattn::StridedView<T, 3>{q.data(), {batch, heads_q, head_dim}, {heads_q * head_dim, head_dim, 1}},
+                             positions, rotary());
+    }
+    const tileattn::RotaryOptions on_write = fused ? rotary() : tileattn::RotaryOptions{};
+    for (index_t s = 0; s < batch; ++s)
+      cache.write(0, ids[static_cast<std::size_t>(s)], context - 1, rows(k_new, heads_kv, s), rows(v_new, heads_kv, s), on_write);
+    tileattn::forward_paged(tileattn::make_bshd<const T>(q.data(), batch, 1, heads_q, head_dim), cache.k_pages(0),
+                            cache.v_pages(0), tables.block_table_view(), tables.seqlens(),
+                            tileattn::make_bshd(o.data(), batch, 1, heads_q, head_dim), opts);
+  }
+};
+
+template <class T>
+void rotary_step(benchmark::State& state, bool fused) {
+  static std::unique_ptr<RotaryStep<T>> cached;
+  if (!cached || cached->batch != state.range(0) || cached->context != state.range(1)) {
+    cached.reset();
+    cached = std::make_unique<RotaryStep<T>>(state.range(0), state.range(1));
+  }
+  RotaryStep<T>& w = *cached;
+  w.step(fused);  // warm
+  timed(state, [&] { w.step(fused); });
+}
+
 void register_all() {
   const std::vector<std::pair<index_t, index_t>> decodes{{8, 1024}, {8, 4096}, {8, 16384}, {1, 16384}, {1, 65536}};
   for (const auto& [b, ctx] : decodes) {
@@ -225,6 +317,15 @@ void register_all() {
       benchmark::RegisterBenchmark(paged ? "verify/paged/fp32" : "verify/contiguous/fp32",
                                    [paged](benchmark::State& s) { verify<float>(s, paged); })
           ->Args({v[0], v[1], v[2]})->ArgNames({"B", "ctx", "q"})->UseManualTime()->Unit(benchmark::kMillisecond);
+  // Rotary embedding fused into the cache write and the Q load against a separate pass.
+  for (const index_t ctx : {index_t{64}, index_t{512}, index_t{4096}})
+    for (bool fused : {true, false}) {
+      const std::string name = std::string("rotary_step/") + (fused ? "fused" : "unfused");
+      benchmark::RegisterBenchmark((name + "/fp32").c_str(), [fused](benchmark::State& s) { rotary_step<float>(s, fused); })
+          ->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark((name + "/bf16").c_str(), [fused](benchmark::State& s) { rotary_step<tileattn::bf16>(s, fused); })
+          ->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
   benchmark::RegisterBenchmark("plan/B:8/ctx:4096", plan_cost)->UseManualTime()->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("decode_with_plan/fp32/B:8/ctx:4096", decode_with_plan)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
