@@ -30,6 +30,12 @@
 //      a read outside a view poisons a row; gaps of O hold the sentinel.
 //   3. a flags byte: run the call a second time on another backend and thread count and
 //      require bitwise-identical O and LSE (Execution promises it).
+//   4. a rotary byte: 0 (and 3 mod 4) none; 1 mod 4 rotary embedding of Q (options.rotary)
+//      with tables of 1..head_dim / 2 columns (from the byte) and enough rows for every query
+//      position plus 0..3 (none where a position is negative), in either table layout, NeoX or
+//      interleaved pairs, now and then a NaN entry (fuzz_rotary.hpp: the bytes after it);
+//      2 mod 4 tables that do not fit (a row short, or wider than head_dim), which must be
+//      rejected. The reference rotates Q first, as the definition says, rounded to T.
 // Bounds: the float path is held to 1e-4 absolute on O and the LSE (N(0, 1) inputs, scales
 // up to 1, d up to 72). bf16 (vdpbf16ps tiles) rounds P to bf16 for P V (relative error
 // <= 2^-8 per probability, the sum of P stays in float: <= 2^-8 max|V| on O) and O once
@@ -59,6 +65,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_layouts.hpp"
+#include "fuzz/fuzz_rotary.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "support/test_support.hpp"
 
@@ -141,6 +148,8 @@ struct Problem {
   ForwardOptions opts;
   std::vector<float> slopes, sinks, bias;
   std::unique_ptr<bool[]> mask;
+  fuzz::RotaryTables rotary;  // opts.rotary's tables
+  bool rotary_must_fail = false;
 };
 
 /// Shapes, tensors and options from the input: a valid call (corrupted later, maybe).
@@ -238,6 +247,7 @@ struct Extension {
   std::array<Relayout, 4> layout{};  // Q, K, V, O
   bool rerun = false;                // run again on `again`; results must be bitwise equal
   Execution again{};
+  std::uint8_t rotary = 0;           // item 4 of the file comment
 };
 
 /// The trailing bytes' tag (file comment): "ta16" as the four bytes read last-to-first.
@@ -255,7 +265,62 @@ Extension read_extension(FuzzedDataProvider& in) {
   Backend backend = backends[(flags >> 1) & 3];
   if (!backend_available(backend)) backend = Backend::serial;
   e.again = {backend, (flags >> 3) & 3};
+  e.rotary = in.ConsumeIntegral<std::uint8_t>();
   return e;
+}
+
+/// Sequence b's query count, key count and the view batch and first row of its queries.
+struct SequenceRows {
+  index_t lq, lk, view_batch, start;
+};
+SequenceRows sequence_rows(const Problem& p, index_t b) {
+  if (!p.varlen) return {p.nq, p.nk, b, 0};
+  const auto s = static_cast<std::size_t>(b);
+  return {p.cu_q[s + 1] - p.cu_q[s], p.cu_k[s + 1] - p.cu_k[s], 0, p.cu_q[s]};
+}
+
+/// Rotary tables for the rotary byte (file comment, item 4), into p.opts.rotary.
+void build_rotary(FuzzedDataProvider& in, std::mt19937& rng, Problem& p, std::uint8_t byte) {
+  if ((byte & 3) == 0 || (byte & 3) == 3) return;
+  bool any = false;
+  index_t first = 0, last = 0;
+  for (index_t b = 0; b < p.batch; ++b) {
+    const SequenceRows s = sequence_rows(p, b);
+    if (s.lq == 0) continue;
+    const index_t off = p.opts.diagonal(s.lq, s.lk);
+    first = any ? std::min(first, off) : off;
+    last = any ? std::max(last, off + s.lq - 1) : off + s.lq - 1;
+    any = true;
+  }
+  const bool fit = (byte & 3) == 1;
+  if (fit && (p.d < 2 || (any && first < 0))) return;
+  index_t half = 1 + (byte >> 2) % std::max<index_t>(p.d / 2, 1);
+  index_t rows = (any ? last + 1 : 1) + ((byte >> 5) & 3);
+  if (!fit) {
+    if (any && first >= 0 && last >= 1) rows = last;  // the last position past the tables
+    else if (!any || first >= 0) half = p.d / 2 + 1;  // (a negative position fails anyway)
+  }
+  p.rotary = fuzz::make_rotary_tables(in, rng, rows, half);
+  p.opts.rotary = p.rotary.options;
+  p.rotary_must_fail = !fit;
+}
+
+/// Q's float mirror rotated as the kernel rotates it (options.rotary), rounded to T.
+template <class T>
+void rotate_queries(const Problem& p, const TensorView<float>& q) {
+  const RotaryOptions& r = p.opts.rotary;
+  if (!r.enabled()) return;
+  std::vector<float> row(static_cast<std::size_t>(p.d));
+  for (index_t b = 0; b < p.batch; ++b) {
+    const SequenceRows s = sequence_rows(p, b);
+    const index_t off = p.opts.diagonal(s.lq, s.lk);
+    for (index_t i = 0; i < s.lq; ++i)
+      for (index_t h = 0; h < p.hq; ++h) {
+        for (index_t x = 0; x < p.d; ++x) row[static_cast<std::size_t>(x)] = q(s.view_batch, s.start + i, h, x);
+        fuzz::rotate_reference<T>(r, row.data(), i + off);
+        for (index_t x = 0; x < p.d; ++x) q(s.view_batch, s.start + i, h, x) = row[static_cast<std::size_t>(x)];
+      }
+  }
 }
 
 
@@ -326,7 +391,8 @@ std::string describe(const Problem& p, const Typed<T>& t, const Extension& e) {
                   " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) +
                   " bias " + std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) +
                   " budget " + std::to_string(o.sram_budget_bytes) + " backend " + to_string(o.execution.backend) +
-                  " x " + std::to_string(o.execution.num_threads) + " lse " + std::to_string(p.lse_view.data != nullptr);
+                  " x " + std::to_string(o.execution.num_threads) + " lse " + std::to_string(p.lse_view.data != nullptr) +
+                  " rotary " + p.rotary.describe() + (p.rotary_must_fail ? " (does not fit)" : "");
   if (p.varlen) {
     s += " cu_q";
     for (auto x : p.cu_q) s += " " + std::to_string(x);
@@ -408,7 +474,9 @@ void execute(Problem& p, int corruption, const Extension& e, bool verbose) {
       fail(std::string("wrote outputs before throwing: ") + err.what() + "\n  " + describe(p, t, e));
     return;
   }
+  if (p.rotary_must_fail) fail("accepted rotary tables that do not fit\n  " + describe(p, t, e));
   const Buffer q = mirror(t.q), k = mirror(t.k), v = mirror(t.v), o = mirror(t.o);
+  rotate_queries<T>(p, q.view);
   const Deviation dev = check_against_reference(p, q.view, k.view, v.view, o.view);
   if (!dev.problem.empty()) fail("differs from the reference: " + dev.problem + "\n  " + describe(p, t, e));
   double max_v = 0.0;
@@ -461,6 +529,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int corruption = choose_corruption(in);
   if (verbose) std::fprintf(stderr, "forward_fuzz: %zu of %zu bytes left for the trailing ones\n", in.remaining_bytes(), size);
   const Extension e = read_extension(in);
+  build_rotary(in, rng, p, e.rotary);
   switch (e.type) {
     case Storage::fp32: execute<float>(p, corruption, e, verbose); break;
     case Storage::bf16: execute<bf16>(p, corruption, e, verbose); break;

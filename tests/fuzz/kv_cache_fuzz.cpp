@@ -15,7 +15,11 @@
 // unknown or freed sequence id for each, forward_paged over a batch of live sequences, and
 // write_kv_slots into a raw pool (slot -1, out of range, repeated, a wrong count, bad
 // shapes, overlaps, V's pool on K's, and bad, broadcast or shared scales for 8-bit pools). Rows for 8-bit
-// caches come in float, bf16 or fp16.
+// caches come in float, bf16 or fp16. A third of the writes, appends and raw writes rotate K
+// (rotary tables of random sizes and layouts; a row short, a position past them, negative, or
+// one too many, or positions without tables, on purpose now and then): the model keeps K
+// rotated at each token's position as the definition says (tests/fuzz/fuzz_rotary.hpp),
+// rounded to T, or in float before an 8-bit cache quantizes it.
 //
 // Beside the cache runs a model: per live sequence its length, its pages and, per layer and
 // position, the float rows written there (a position extend reserved and nothing wrote is
@@ -69,6 +73,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fuzz/fuzz_rotary.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/kv_cache.hpp"
@@ -495,16 +500,47 @@ class Harness {
     return f;
   }
 
-  /// Writes the model's rows for tokens [p0, p0 + n) of layer l.
+  /// Rotary tables for a write at positions [first, last] (a third of the writes, head_dim
+  /// >= 2; none when `any` is false and nothing is drawn): enough rows and up to 2 more, or
+  /// (may_break, a quarter of those) a row short, which makes the write invalid.
+  struct WriteRotary {
+    fuzz::RotaryTables tables;
+    bool valid = true;
+  };
+  WriteRotary write_rotary(index_t first, index_t last, bool any, bool may_break) {
+    WriteRotary r;
+    if (c_.head_dim < 2 || in_.ConsumeIntegralInRange(0, 2) != 0) return r;
+    const index_t half = in_.ConsumeIntegralInRange<index_t>(1, c_.head_dim / 2);
+    index_t rows = (any ? last + 1 : 1) + in_.ConsumeIntegralInRange(0, 2);
+    if (may_break && any && last >= 1 && first >= 0 && in_.ConsumeIntegralInRange(0, 3) == 0) {
+      rows = last;  // the last position past the tables
+      r.valid = false;
+    }
+    r.tables = fuzz::make_rotary_tables(in_, rng_, rows, half, /*allow_nan=*/false);
+    return r;
+  }
+
+  /// A token's K as the cache stores it with rotary tables: each head's row rotated at
+  /// `position`, rounded to T (an 8-bit cache rotates in float and quantizes: holds()).
+  KV_CACHE_FUZZ_UNCOVERED void rotate_token(Token& tok, const RotaryOptions& r, index_t position) const {
+    if (!r.enabled()) return;
+    using R = std::conditional_t<quantized, float, T>;
+    for (index_t h = 0; h < c_.heads_kv; ++h) fuzz::rotate_reference<R>(r, tok.k.data() + h * c_.head_dim, position);
+  }
+
+  /// Writes the model's rows for tokens [p0, p0 + n) of layer l (K rotated when r is set).
   template <class S>
-  void write_model(SequenceId id, index_t l, index_t p0, const Rows<S>& k, const Rows<S>& v, index_t rows_layer) {
+  void write_model(SequenceId id, index_t l, index_t p0, const Rows<S>& k, const Rows<S>& v, index_t rows_layer,
+                   const RotaryOptions& r = {}) {
     auto& layer = seq(id).layers[static_cast<std::size_t>(l)];
     for (index_t t = 0; t < k.view.shape[1]; ++t) {
       const index_t pos = p0 + t, first = pos / c_.page_size * c_.page_size;
       std::vector<std::size_t> same_page;
       for (index_t j = first; j < std::min(first + c_.page_size, seq(id).length); ++j)
         same_page.push_back(static_cast<std::size_t>(j));
-      record(layer, static_cast<std::size_t>(pos), same_page, token_of(k, v, rows_layer, t));
+      Token tok = token_of(k, v, rows_layer, t);
+      rotate_token(tok, r, pos);
+      record(layer, static_cast<std::size_t>(pos), same_page, std::move(tok));
     }
   }
 
@@ -525,21 +561,25 @@ class Harness {
       else p0 = in_.ConsumeBool() ? std::numeric_limits<index_t>::max() : len - n + 1;  // INT64_MAX: issue 27, N4
     }
     const RowFault rf = row_fault(what_bad == 2, false, n);
+    const bool in_range = p0 >= 0 && n >= 0 && p0 <= len - n;
+    const WriteRotary rot = write_rotary(p0, in_range ? p0 + n - 1 : 0, in_range && n > 0, true);
+    const RotaryOptions& r = rot.tables.options;
     with_row_type([&]<class S>() {
       const Rows<S> k = make_rows<S>(rng_, 1, n, c_.heads_kv, c_.head_dim, in_.ConsumeBool(), magnitude());
       const Rows<S> v = make_rows<S>(rng_, 1, n, c_.heads_kv, c_.head_dim_v, in_.ConsumeBool(), magnitude());
       StridedView<const S, 3> kv = k.layer(0), vv = v.layer(0);
       break_rows(rf, kv, vv, cache_.k_pages(0).data);
       const bool valid = known && layer >= 0 && layer < c_.num_layers && rf == no_fault &&
-                         model_.writable(seq(id), p0, n);
+                         model_.writable(seq(id), p0, n) && rot.valid;
       const std::string what = std::string(at ? "write_at " : "write ") + std::to_string(id) + " layer " +
                                std::to_string(layer) + " position0 " + std::to_string(p0) + " n " + std::to_string(n) +
-                               " rows " + type_name<S>() + " fault " + row_fault_names[rf];
+                               " rows " + type_name<S>() + " fault " + row_fault_names[rf] + " rotary " +
+                               rot.tables.describe() + (rot.valid ? "" : " (a row short)");
       const bool done = attempt(what, valid ? Outcome::ok : Outcome::invalid, [&] {
-        if (at) cache_.write(layer, id, p0, kv, vv);
-        else cache_.write(layer, id, kv, vv);
+        if (at) cache_.write(layer, id, p0, kv, vv, r);
+        else cache_.write(layer, id, kv, vv, r);
       });
-      if (done) write_model(id, layer, p0, k, v, 0);
+      if (done) write_model(id, layer, p0, k, v, 0, r);
     });
   }
 
@@ -550,6 +590,9 @@ class Harness {
     const SequenceId id = pick(bad_id, known);
     const index_t n = in_.ConsumeIntegralInRange<index_t>(0, 2 * c_.page_size + 1);
     const RowFault rf = row_fault(fault && !bad_id, true, n);
+    const index_t p0 = known ? seq(id).length : 0;
+    const WriteRotary rot = write_rotary(p0, p0 + n - 1, n > 0, true);
+    const RotaryOptions& r = rot.tables.options;
     with_row_type([&]<class S>() {
       const Rows<S> k = make_rows<S>(rng_, c_.num_layers, n, c_.heads_kv, c_.head_dim, in_.ConsumeBool(), magnitude());
       const Rows<S> v = make_rows<S>(rng_, c_.num_layers, n, c_.heads_kv, c_.head_dim_v, in_.ConsumeBool(), magnitude());
@@ -557,17 +600,17 @@ class Harness {
       break_rows(rf, kv, vv, cache_.v_pages(c_.num_layers - 1).data);
       Outcome expected = Outcome::invalid;
       index_t needed = 0;
-      if (known && rf == no_fault) {
+      if (known && rf == no_fault && rot.valid) {  // (rotary is checked before the pages)
         needed = model_.pages_needed(seq(id), n);
         expected = needed > static_cast<index_t>(model_.free_list().size()) ? Outcome::out_of_pages : Outcome::ok;
       }
       const std::string what = "append " + std::to_string(id) + " n " + std::to_string(n) + " rows " + type_name<S>() +
-                               " fault " + row_fault_names[rf];
+                               " fault " + row_fault_names[rf] + " rotary " + rot.tables.describe() +
+                               (rot.valid ? "" : " (a row short)");
       const auto free_before = model_.free_list();
-      if (!attempt(what, expected, [&] { cache_.append(id, kv, vv); })) return;
-      const index_t p0 = seq(id).length;
+      if (!attempt(what, expected, [&] { cache_.append(id, kv, vv, r); })) return;
       extend_model(id, n, free_before, needed, what);
-      for (index_t l = 0; l < c_.num_layers; ++l) write_model(id, l, p0, k, v, l);
+      for (index_t l = 0; l < c_.num_layers; ++l) write_model(id, l, p0, k, v, l, r);
     });
   }
 
@@ -892,6 +935,37 @@ class Harness {
       if (s < -1 || s >= slots_total) valid = false;
       if (s >= 0 && !used.insert(s).second) valid = false;  // repeated: documented as invalid
     }
+    // Rotary K (a third of the writes): a position per token in the tables (a skipped
+    // token's anything: never read), or one bad on purpose (a quarter of those).
+    const index_t table_rows = in_.ConsumeIntegralInRange<index_t>(1, 9);
+    const WriteRotary rot = write_rotary(0, table_rows - 1, true, false);
+    const RotaryOptions& r = rot.tables.options;
+    std::vector<std::int64_t> positions;
+    std::string rotary_fault;
+    if (r.enabled()) {
+      for (index_t i = 0; i < tokens; ++i)
+        positions.push_back(slots[static_cast<std::size_t>(i)] < 0 ? -1 - in_.ConsumeIntegralInRange(0, 5)
+                                                                   : in_.ConsumeIntegralInRange<index_t>(0, r.cos.shape[0] - 1));
+      if (in_.ConsumeIntegralInRange(0, 3) == 0) {
+        const auto written = std::find_if(slots.begin(), slots.begin() + tokens, [](std::int64_t x) { return x >= 0; });
+        switch (in_.ConsumeIntegralInRange(0, 2)) {
+          case 0: positions.push_back(0); rotary_fault = "one position too many"; break;
+          case 1:
+            if (written == slots.begin() + tokens) break;
+            positions[static_cast<std::size_t>(written - slots.begin())] = r.cos.shape[0];
+            rotary_fault = "a position past the tables";
+            break;
+          default:
+            if (written == slots.begin() + tokens) break;
+            positions[static_cast<std::size_t>(written - slots.begin())] = -1;
+            rotary_fault = "a negative position";
+        }
+      }
+    } else if (tokens > 0 && in_.ConsumeIntegralInRange(0, 15) == 0) {
+      positions.assign(static_cast<std::size_t>(tokens), 0);
+      rotary_fault = "positions without tables";
+    }
+    if (!rotary_fault.empty()) valid = false;
     with_row_type([&]<class S>() {
       const Rows<S> k = make_rows<S>(rng_, 1, tokens, c_.heads_kv, c_.head_dim, in_.ConsumeBool(), magnitude());
       const Rows<S> v = make_rows<S>(rng_, 1, tokens, c_.heads_kv, c_.head_dim_v, in_.ConsumeBool(), magnitude());
@@ -924,13 +998,13 @@ class Harness {
                                  return s;
                                }() +
                                " rows " + type_name<S>() + " fault " + std::to_string(fault_kind) + "/" +
-                               row_fault_names[rf];
+                               row_fault_names[rf] + " rotary " + rot.tables.describe() + " " + rotary_fault;
       const auto before_k = raw_k_, before_v = raw_v_;
       const auto before_ks = raw_ks_, before_vs = raw_vs_;
       bool threw = false;
       try {
-        if constexpr (quantized) write_kv_slots(kv, vv, kp, vp, slots, scales.kv, scales.vv);
-        else write_kv_slots(kv, vv, kp, vp, slots);
+        if constexpr (quantized) write_kv_slots(kv, vv, kp, vp, slots, scales.kv, scales.vv, r, positions);
+        else write_kv_slots(kv, vv, kp, vp, slots, r, positions);
       } catch (const tileattn::invalid_argument& e) {
         fuzz::require_named("kv_cache_fuzz", e);
         say(what + " -> invalid_argument (" + e.parameter() + ")");
@@ -953,6 +1027,7 @@ class Harness {
         std::vector<std::size_t> same_page;
         for (index_t j = first; j < first + c_.page_size; ++j) same_page.push_back(static_cast<std::size_t>(j));
         Token tok = token_of(k, v, 0, i);
+        rotate_token(tok, r, r.enabled() ? positions[static_cast<std::size_t>(i)] : 0);
         if constexpr (quantized && !adaptive_scale<T>)
           for (index_t h = 0; h < c_.heads_kv; ++h) {
             const index_t page = slot / c_.page_size;

@@ -20,12 +20,15 @@
 // (Q alike) or 8-bit (int8, fp8 e4m3, fp8 e5m2 with float Q; int8 with bf16 Q too:
 // execute_q says why) with PagedOptions::k_scale / v_scale per tensor, per K/V head, per
 // page or per (page, head), padded or not, whose values may be negative, zero or NaN
-// (allowed: params.hpp says a non-finite scale makes the values it scales non-finite).
+// (allowed: params.hpp says a non-finite scale makes the values it scales non-finite), and
+// rotary embedding of Q (a quarter of the inputs: tables of random sizes in either layout,
+// NeoX or interleaved pairs, now and then a NaN entry; the reference rotates Q first).
 // Then one corruption from the list in corrupt() (or none): a page id outside the pool in a
 // used entry, cache_seqlens beyond the table, negative or of the wrong count, mismatched
 // heads and head dims, scale views of the wrong extent or on 16/32-bit pools, a plan made
 // for another call, null data, bad options, bad cu_seqlens_q, aliasing outputs, negative or
-// overflowing strides, a pool of no pages of INT64_MAX keys, ...
+// overflowing strides, a pool of no pages of INT64_MAX keys, rotary tables that do not fit
+// (a position short, too wide, one missing, two shapes, a negative stride, on O), ...
 //
 // Every corruption makes the call invalid, so it must throw tileattn::invalid_argument
 // naming its parameter, with O and the LSE bitwise their sentinel and both pools
@@ -76,6 +79,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_layouts.hpp"
+#include "fuzz/fuzz_rotary.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/paged.hpp"
@@ -210,6 +214,7 @@ struct Problem {
   Execution again{};
   int corruption = -1;                     // chosen; applied_corruption says what it became
   std::string applied = "none";
+  fuzz::RotaryTables rotary;               // opts.rotary's tables (none: no rotation)
 };
 
 index_t view_batch(const Problem& p) { return p.varlen ? 1 : p.batch; }
@@ -407,6 +412,38 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   o.shared_prefix = in.ConsumeIntegralInRange(0, 7) != 0;
 }
 
+/// The first and last query position (i + the diagonal's offset) over the sequences with
+/// queries; any: some sequence has one.
+struct PositionRange {
+  bool any = false;
+  index_t first = 0, last = 0;
+};
+PositionRange query_positions(const Problem& p, const ScoreOptions& o) {
+  PositionRange r;
+  for (index_t b = 0; b < p.batch; ++b) {
+    const index_t lq = p.varlen ? p.cu[static_cast<std::size_t>(b) + 1] - p.cu[static_cast<std::size_t>(b)] : p.nq;
+    if (lq == 0) continue;
+    const index_t off = o.diagonal(lq, p.seqlens[static_cast<std::size_t>(b)]);
+    r.first = r.any ? std::min(r.first, off) : off;
+    r.last = r.any ? std::max(r.last, off + lq - 1) : off + lq - 1;
+    r.any = true;
+  }
+  return r;
+}
+
+/// Rotary embedding of Q (a quarter of the inputs, head_dim >= 2): tables of 1..head_dim / 2
+/// columns and enough rows for every query position, and up to 3 more; none when a position
+/// is negative (more queries than keys, bottom-right: corrupt() covers that).
+void build_rotary(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
+  if (in.ConsumeIntegralInRange(0, 3) != 0 || p.d < 2) return;
+  const index_t half = in.ConsumeIntegralInRange<index_t>(1, p.d / 2);
+  const PositionRange range = query_positions(p, p.opts);
+  if (range.any && range.first < 0) return;
+  const index_t rows = (range.any ? range.last + 1 : 1) + in.ConsumeIntegralInRange(0, 3);
+  p.rotary = fuzz::make_rotary_tables(in, rng, rows, half);
+  p.opts.rotary = p.rotary.options;
+}
+
 /// Everything but the typed views: shapes, pages, values, options, layouts, the rerun.
 void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   p.kv = static_cast<KvType>(in.ConsumeIntegralInRange(0, 5));
@@ -445,6 +482,7 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   Backend backend = backends[(flags >> 1) & 3];
   if (!backend_available(backend)) backend = Backend::serial;
   p.again = {backend, (flags >> 3) & 3};
+  build_rotary(in, p, rng);
 }
 
 // ---- The typed call ---------------------------------------------------------------------
@@ -465,6 +503,7 @@ struct Call {
   PagedOptions opts;
   std::vector<float> bad_scales;  // a scale buffer for the scale corruptions
   std::vector<float> bad_values;  // ALiBi slopes or sinks for their corruptions
+  std::vector<float> bad_table;   // rotary tables for their corruptions
 };
 
 template <class T, class KV>
@@ -531,13 +570,42 @@ PagedPlan make_plan(const Problem& p, const Call<T, KV>& c, const PagedOptions& 
 
 // ---- Bad arguments ----------------------------------------------------------------------
 
-constexpr int corruption_count = 31;
+constexpr int corruption_count = 32;
 constexpr int plan_mismatch = 9;
 
 /// One input byte: a corruption (about half the inputs) or none (-1).
 int choose_corruption(FuzzedDataProvider& in) {
   const int x = in.ConsumeIntegralInRange(0, 2 * corruption_count - 1);
   return x < corruption_count ? x : -1;
+}
+
+/// Rotary tables the call cannot use: a position short, wider than head_dim, one missing,
+/// of two shapes, a negative stride, or on O.
+template <class T, class KV>
+std::string corrupt_rotary(FuzzedDataProvider& in, const Problem& p, Call<T, KV>& c) {
+  const PositionRange range = query_positions(p, c.opts);
+  const index_t half = std::max<index_t>(1, p.d / 2), ld = half + 1, rows = range.any ? std::max<index_t>(range.last + 1, 1) : 1;
+  c.bad_table.assign(static_cast<std::size_t>(2 * rows * ld), 0.5f);
+  RotaryOptions r{{c.bad_table.data(), {rows, half}, {ld, 1}}, {c.bad_table.data() + rows * ld, {rows, half}, {ld, 1}},
+                  in.ConsumeBool()};
+  std::string what;
+  switch (in.ConsumeIntegralInRange(0, 5)) {
+    case 0:  // (a negative position fails with any table)
+      if (!range.any) return "none";
+      r.cos.shape[0] = r.sin.shape[0] = range.first < 0 ? rows : rows - 1;
+      what = "rotary tables a position short";
+      break;
+    case 1: r.cos.shape[1] = r.sin.shape[1] = p.d / 2 + 1; what = "rotary_dim above head_dim"; break;
+    case 2: (in.ConsumeBool() ? r.cos : r.sin) = {}; what = "one rotary table null"; break;
+    case 3: (in.ConsumeBool() ? r.sin.shape[0] : r.sin.shape[1]) += 1; what = "rotary tables of two shapes"; break;
+    case 4: r.cos.stride[0] = -1; what = "rotary_cos stride negative"; break;
+    default:
+      if (c.ov.empty()) return "none";
+      r.cos.data = reinterpret_cast<const float*>(c.ov.data);  // only compared, never read
+      what = "rotary_cos on o";
+  }
+  c.opts.rotary = r;
+  return what;
 }
 
 /// Makes the call invalid as `choice` says; returns what it did ("none" where the choice
@@ -704,6 +772,7 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
       c.opts.batch_invariant = true;
       c.opts.num_splits = 2 + in.ConsumeIntegralInRange(0, 3);
       return "num_splits > 1 with batch_invariant";
+    case 31: return corrupt_rotary(in, p, c);
     default:
       c.ov.shape[1] += 1;
       return "o seqlen or total";
@@ -714,6 +783,7 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
 template <class T, class KV>
 PagedPlan mismatched_plan(FuzzedDataProvider& in, const Problem& p, Call<T, KV> other, std::string& what) {
   PagedOptions& o = other.opts;
+  o.rotary = {};  // the plan does not depend on it, and a shorter sequence may move a query before position 0
   switch (in.ConsumeIntegralInRange(0, 5)) {
     case 0: o.causal = !o.causal; what = "plan for causal flipped"; break;
     case 1:
@@ -776,10 +846,30 @@ std::pair<std::vector<float>, TensorView<const float>> mirror(const Stored<T>& s
   return {std::move(m), v};
 }
 
+/// Q's float mirror rotated as the kernel rotates it (options.rotary): query i of sequence b
+/// at i + the diagonal's offset, rounded to T. Rows past cu_seqlens_q's end stay.
+template <class T>
+void rotate_queries(const Problem& p, const RotaryOptions& r, const TensorView<const float>& q) {
+  if (!r.enabled()) return;
+  std::vector<float> row(static_cast<std::size_t>(p.d));
+  for (index_t b = 0; b < p.batch; ++b) {
+    const index_t start = p.varlen ? p.cu[static_cast<std::size_t>(b)] : 0;
+    const index_t lq = p.varlen ? p.cu[static_cast<std::size_t>(b) + 1] - start : p.nq;
+    const index_t vb = p.varlen ? 0 : b, off = p.opts.diagonal(lq, p.seqlens[static_cast<std::size_t>(b)]);
+    for (index_t i = 0; i < lq; ++i)
+      for (index_t h = 0; h < p.hq; ++h) {
+        for (index_t x = 0; x < p.d; ++x) row[static_cast<std::size_t>(x)] = q(vb, start + i, h, x);
+        fuzz::rotate_reference<T>(r, row.data(), i + off);
+        for (index_t x = 0; x < p.d; ++x) const_cast<float&>(q(vb, start + i, h, x)) = row[static_cast<std::size_t>(x)];
+      }
+  }
+}
+
 /// Each sequence against the double reference; max_v receives max |V| (finite, used).
 template <class T, class KV>
 Deviation check_against_reference(const Problem& p, const Call<T, KV>& c, double& max_v) {
   auto [qm, q] = mirror(c.q, c.q.view);
+  rotate_queries<T>(p, c.opts.rotary, q);
   auto [om, o] = mirror(c.o, c.ov);
   const reference::Options ro = reference::Options::from(c.opts);
   Deviation all;
@@ -850,7 +940,8 @@ std::string describe(const Problem& p, const std::string& corruption, const std:
        std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) + " splits " +
        std::to_string(o.num_splits) + (o.batch_invariant ? " batch_invariant" : "") + " budget " +
        std::to_string(o.sram_budget_bytes) + " backend " +
-       to_string(o.execution.backend) + " x " + std::to_string(o.execution.num_threads);
+       to_string(o.execution.backend) + " x " + std::to_string(o.execution.num_threads) + " rotary " +
+       p.rotary.describe();
   if (p.kv >= KvType::int8)
     s += std::string("\n  k_scale ") + granularity_names[static_cast<int>(p.ks.kind)] + " v_scale " +
          granularity_names[static_cast<int>(p.vs.kind)];
