@@ -17,7 +17,8 @@
 // decode step does once for all its layers) next to one decode step of one layer.
 // rotary_step: a decode step (write the new token's K/V, attend) with rotary embedding fused
 // into KvCache::write and forward_paged's Q load, against rotating K and Q in a separate pass
-// (apply_rotary) first; B 8 at contexts 64, 512 and 4k, fp32 and bf16.
+// (apply_rotary) first; B 8 at contexts 64, 512 and 4k, fp32 and bf16; rotary_step/paired
+// alternates the two on one workload and reports the median per-iteration speedup.
 //
 // Prefix-once (shared_prefix/...): B 8 sequences share a 16k-token prefix (the same pages in
 // every block table, as KvCache::fork leaves them) and have 100-499 tokens of their own;
@@ -299,6 +300,43 @@ void rotary_step(benchmark::State& state, bool fused) {
   timed(state, [&] { w.step(fused); });
 }
 
+/// Fused and unfused steps alternated on one workload, one of each per iteration: a
+/// neighbour's load or a frequency change hits both alike. Reports the medians of each and of
+/// the per-iteration ratio unfused / fused (the speedup).
+template <class T>
+void rotary_step_paired(benchmark::State& state) {
+  static std::unique_ptr<RotaryStep<T>> cached;
+  if (!cached || cached->batch != state.range(0) || cached->context != state.range(1)) {
+    cached.reset();
+    cached = std::make_unique<RotaryStep<T>>(state.range(0), state.range(1));
+  }
+  RotaryStep<T>& w = *cached;
+  w.step(true);
+  w.step(false);
+  std::vector<double> fused, unfused, ratio;
+  const auto seconds = [&](bool f) {
+    const auto start = tileattn::bench::Clock::now();
+    w.step(f);
+    return std::chrono::duration<double>(tileattn::bench::Clock::now() - start).count();
+  };
+  bool fused_first = true;  // alternates: neither always runs on the other's warm caches
+  for (auto _ : state) {
+    fused_first = !fused_first;
+    const double a = seconds(fused_first), b = seconds(!fused_first);
+    fused.push_back(fused_first ? a : b);
+    unfused.push_back(fused_first ? b : a);
+    ratio.push_back(unfused.back() / fused.back());
+    state.SetIterationTime(a + b);
+  }
+  const auto median = [](std::vector<double> x) {
+    std::nth_element(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2), x.end());
+    return x[x.size() / 2];
+  };
+  state.counters["fused_us"] = median(fused) * 1e6;
+  state.counters["unfused_us"] = median(unfused) * 1e6;
+  state.counters["speedup"] = median(ratio);
+}
+
 void register_all() {
   const std::vector<std::pair<index_t, index_t>> decodes{{8, 1024}, {8, 4096}, {8, 16384}, {1, 16384}, {1, 65536}};
   for (const auto& [b, ctx] : decodes) {
@@ -326,6 +364,12 @@ void register_all() {
       benchmark::RegisterBenchmark((name + "/bf16").c_str(), [fused](benchmark::State& s) { rotary_step<tileattn::bf16>(s, fused); })
           ->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
     }
+  for (const index_t ctx : {index_t{64}, index_t{512}, index_t{4096}}) {
+    benchmark::RegisterBenchmark("rotary_step/paired/fp32", rotary_step_paired<float>)
+        ->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("rotary_step/paired/bf16", rotary_step_paired<tileattn::bf16>)
+        ->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+  }
   benchmark::RegisterBenchmark("plan/B:8/ctx:4096", plan_cost)->UseManualTime()->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("decode_with_plan/fp32/B:8/ctx:4096", decode_with_plan)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
