@@ -63,8 +63,8 @@ struct PagedOptions : ForwardOptions {
   /// rows in one product, and merge the result with their own keys' exactly. The plan
   /// groups sequences that share at least shared_prefix_min_keys keys of whole pages, each
   /// of whose query rows sees every shared key and that have at most 256 query rows
-  /// (positions x group; decode, verify). Not with ALiBi, a bias, a mask or batch_invariant
-  /// (nor in forward_paged_flex): those calls run per sequence. false: never.
+  /// (positions x group; decode, verify). Not with ALiBi, a bias, a mask, batch_invariant or
+  /// rotary (nor in forward_paged_flex): those calls run per sequence. false: never.
   bool shared_prefix = true;
   index_t shared_prefix_min_keys = 256;
 };
@@ -194,10 +194,12 @@ inline constexpr index_t shared_prefix_mark = -32;
 /// prefix key must not depend on the query's position (no ALiBi, bias or mask; the window,
 /// causal diagonal and attention chunk are checked per sequence: every row must see every
 /// shared key), and batch-invariant mode keeps a sequence's bits apart from the batch's.
+/// Nor with rotary embedding: the prefix pass packs the members' queries into one sequence,
+/// whose rows start_query_block would rotate at that sequence's positions, not their own.
 template <class T, class KV>
 bool shared_prefix_allowed(const ForwardParams<T, KV>& p, const PagedOptions& options) {
   return options.shared_prefix && !options.batch_invariant && p.alibi_slopes.empty() && !p.bias.data &&
-         !p.mask.data && p.paged();
+         !p.mask.data && !p.rotary.enabled() && p.paged();
 }
 
 /// The built-in scores' plan: make_paged_plan_scored's, with prefix-once groups where the

@@ -394,6 +394,16 @@ TEST(SharedPrefix, OptionsThatDependOnTheQueryPositionRunPerSequence) {
     EXPECT_TRUE(dev.problem.empty()) << dev.problem;
     EXPECT_LE(dev.o, forward_o_tolerance);
   }
+  // rotary embedding: the prefix pass would rotate the members' packed queries at its own
+  // positions, so the whole call runs per sequence (identity tables: cos 1, sin 0)
+  std::vector<float> cos_table(1024 * 32, 1.0f), sin_table(1024 * 32, 0.0f);
+  PagedOptions rotated = batch.options();
+  rotated.rotary.cos = {cos_table.data(), {1024, 32}, {32, 1}};
+  rotated.rotary.sin = {sin_table.data(), {1024, 32}, {32, 1}};
+  EXPECT_EQ(batch.plan(rotated).shared_prefix(), nullptr);
+  const Deviation dev = batch.against_reference(batch.run(rotated), rotated);
+  EXPECT_TRUE(dev.problem.empty()) << dev.problem;
+  EXPECT_LE(dev.o, forward_o_tolerance);
   // a window or chunk that hides prefix keys from some rows: those sequences stay out
   PagedOptions opt = batch.options();
   opt.window_left = 200;
