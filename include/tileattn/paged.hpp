@@ -225,17 +225,29 @@ PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, inde
   return {plan.tiles(), plan.split(), std::move(work), std::move(signature), std::move(shared)};
 }
 
-template <class T, class KV, class Scores>
-void run_paged_scored(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options,
-                      const Scores& scores) {
+/// What every planned call does first: checks that `plan` was made for this call (its
+/// signature, with the score source's key tile limit and, for a run with prefix-once
+/// groups, shared_prefix_mark: a plan with groups fails the check of a run without), and
+/// points p at a buffer of the plan's partial states (returned: it must outlive the run).
+template <class T, class KV>
+std::vector<float> start_planned_call(ForwardParams<T, KV>& p, const PagedPlan& plan, const PagedOptions& options,
+                                      index_t key_tile_limit, bool shared_prefix) {
   PagedPlan::Signature signature = paged_signature(p, options);
-  signature.shape.push_back(scores.key_tile_limit());
+  signature.shape.push_back(key_tile_limit);
+  if (shared_prefix) signature.shape.push_back(shared_prefix_mark);
   TILEATTN_REQUIRE(plan.signature() == signature, "plan",
           "was made for another batch shape, cache_seqlens, mask or options");
   std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 2)));
   p.o_accum = accum.data();
   p.max_accum = p.o_accum + plan.partial_rows() * p.head_dim_v();
   p.sum_accum = p.max_accum + plan.partial_rows();
+  return accum;
+}
+
+template <class T, class KV, class Scores>
+void run_paged_scored(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options,
+                      const Scores& scores) {
+  const std::vector<float> accum = start_planned_call(p, plan, options, scores.key_tile_limit(), false);
   const auto& work = plan.work();
   if (options.io_counts) {
     *options.io_counts =
@@ -251,15 +263,7 @@ template <class T, class KV>
 void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options) {
   const kernels::SharedPrefixPlan* shared = plan.shared_prefix();
   if (!shared) return run_paged_scored(std::move(p), plan, options, ops::BuiltinScores{});
-  PagedPlan::Signature signature = paged_signature(p, options);
-  signature.shape.push_back(ops::BuiltinScores{}.key_tile_limit());
-  signature.shape.push_back(shared_prefix_mark);
-  TILEATTN_REQUIRE(plan.signature() == signature, "plan",
-          "was made for another batch shape, cache_seqlens, mask or options");
-  std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 2)));
-  p.o_accum = accum.data();
-  p.max_accum = p.o_accum + plan.partial_rows() * p.head_dim_v();
-  p.sum_accum = p.max_accum + plan.partial_rows();
+  const std::vector<float> accum = start_planned_call(p, plan, options, ops::BuiltinScores{}.key_tile_limit(), true);
   if (options.io_counts) {
     *options.io_counts = kernels::run_shared_prefix<CountingIo>(p, plan.tiles(), plan.work(), *shared, options.execution);
   } else {
