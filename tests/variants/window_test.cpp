@@ -183,21 +183,28 @@ TEST(WindowSemantics, RowsWithoutKeysGetZeroAndMinusInfinity) {
 
 // ---- Keys outside the window are never read ---------------------------------------------------
 
-/// K/V bytes read by a causal sliding-window call (window_left = w) at Nq = Nk = n.
-std::uint64_t window_kv_bytes(index_t n, index_t w, std::uint64_t* analytic) {
+/// K/V bytes read by a causal call at Nq = Nk = n with window_left = left (-1: none) and
+/// attention_chunk = chunk (0: none), and in *analytic the kernel loop's count.
+std::uint64_t causal_kv_bytes(index_t n, index_t left, index_t chunk, std::uint64_t* analytic) {
   constexpr index_t d = 64;
   Problem p({1, 2, 2, n, n, d}, KvStorage::contiguous, 3);
   ForwardOptions opts;
   opts.causal = true;
-  opts.window_left = w;
+  opts.window_left = left;
+  opts.attention_chunk = chunk;
   opts.sram_budget_bytes = forward_working_set_bytes(64, 64, d);
   IoCounts counts;
   opts.io_counts = &counts;
   p.run(opts);
   const TilePlan plan = forward_tiles(PlanShape{d, d, n, n, 1, 2}, opts);
-  *analytic = 2 * kv_bytes_per_kv_head(plan, 1, n, VisibleKeys{0, w, 0, n}, d);
+  *analytic = 2 * kv_bytes_per_kv_head(plan, 1, n, VisibleKeys{0, left, 0, n, chunk}, d);
   const std::uint64_t q_bytes = static_cast<std::uint64_t>(n * 2 * d) * sizeof(float);
   return counts.bytes_read - q_bytes;
+}
+
+/// The same for a causal sliding window of w keys back.
+std::uint64_t window_kv_bytes(index_t n, index_t w, std::uint64_t* analytic) {
+  return causal_kv_bytes(n, w, 0, analytic);
 }
 
 // K/V bytes per query row depend on the window, not on the sequence length: each query
@@ -345,29 +352,13 @@ TEST(ChunkSemantics, OneKeyChunksCopyTheAlignedValueRowAndLongChunksAreNoChunk) 
   }
 }
 
-/// K/V bytes read by a causal chunked call at Nq = Nk = n, and the kernel loop's count.
-std::uint64_t chunk_kv_bytes(index_t n, index_t chunk, std::uint64_t* analytic) {
-  constexpr index_t d = 64;
-  Problem p({1, 2, 2, n, n, d}, KvStorage::contiguous, 3);
-  ForwardOptions opts;
-  opts.causal = true;
-  opts.attention_chunk = chunk;
-  opts.sram_budget_bytes = forward_working_set_bytes(64, 64, d);
-  IoCounts counts;
-  opts.io_counts = &counts;
-  p.run(opts);
-  const TilePlan plan = forward_tiles(PlanShape{d, d, n, n, 1, 2}, opts);
-  *analytic = 2 * kv_bytes_per_kv_head(plan, 1, n, VisibleKeys{0, -1, 0, n, chunk}, d);
-  return counts.bytes_read - static_cast<std::uint64_t>(n * 2 * d) * sizeof(float);
-}
-
 // A query tile reads only the keys of the chunks its rows lie in: the bytes per query row
 // stay flat as the sequence grows, and follow the kernel's loop exactly.
 TEST(ChunkTraffic, KvBytesGrowWithTheChunkNotTheSequence) {
   constexpr index_t chunk = 256;
   std::uint64_t analytic_short = 0, analytic_long = 0;
-  const std::uint64_t short_seq = chunk_kv_bytes(1024, chunk, &analytic_short);
-  const std::uint64_t long_seq = chunk_kv_bytes(4096, chunk, &analytic_long);
+  const std::uint64_t short_seq = causal_kv_bytes(1024, -1, chunk, &analytic_short);
+  const std::uint64_t long_seq = causal_kv_bytes(4096, -1, chunk, &analytic_long);
   EXPECT_EQ(short_seq, analytic_short);
   EXPECT_EQ(long_seq, analytic_long);
   EXPECT_NEAR(static_cast<double>(long_seq) / static_cast<double>(short_seq), 4.0, 0.01);
