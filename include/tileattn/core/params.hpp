@@ -194,6 +194,9 @@ struct ForwardParams : ScoreOptions {
   KvScaleView k_scale{}, v_scale{};
   // Rotary embedding of Q as it is loaded (disabled when its tables are null).
   RotaryOptions rotary{};
+  // MLA's latent (forward_paged_mla, mla.hpp): v is k's first head_dim_v columns, and each
+  // key tile's V is made from its K tile in SRAM instead of read a second time.
+  bool v_in_k = false;
 
   bool varlen() const { return cu_seqlens_q != nullptr; }
   bool paged() const { return cache_seqlens != nullptr; }

@@ -9,7 +9,8 @@
 // live is a policy: contiguous views (ContiguousKv) or a paged cache read through its block
 // table (PagedKv, for forward_paged); the loop is the same. K and V stored in 8 bits load
 // like any storage type; their scales, per (sequence or page, K/V head), multiply a key
-// tile's scores (K) and probabilities (V) (TileScales).
+// tile's scores (K) and probabilities (V) (TileScales). Where V is K's first columns (MLA's
+// latent, ForwardParams::v_in_k), a key tile is read once: V's tile is made from K's in SRAM.
 #pragma once
 
 #include <algorithm>
@@ -375,7 +376,7 @@ void forward_query_block(const ForwardParams<T, KV>& p, const TilePlan& plan, co
   const index_t bc = plan.key_tile_rows;
   const KeyRange keys = key_range(blk, mods, bc);
   [[maybe_unused]] ops::ProductScope products;  // (AMX: one tile configuration for the item)
-  attend_packed(t, k, v, scales, mods, blk.rows, keys.col_begin, keys.key_end, bc, io);
+  attend_packed(t, k, v, p.v_in_k, scales, mods, blk.rows, keys.col_begin, keys.key_end, bc, io);
   finish_query_block(p, blk, t, io);
 }
 
@@ -457,12 +458,13 @@ void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan,
     for (index_t a = 0; a < heads; ++a) {
       const index_t h = active[a];
       load_row_refs(t[h].k_rows, k[h], col0, cols, io);            // (Bc) key rows per head
-      load_row_refs(t[h].v_rows, v[h], col0, cols, io);            // (Bc) value rows per head
+      if (p.v_in_k) value_refs_from_keys(t[h].v_rows, t[h].k_rows, p.head_dim_v());  // MLA: the same rows
+      else load_row_refs(t[h].v_rows, v[h], col0, cols, io);       // (Bc) value rows per head
       k_rows[a] = t[h].k_rows;
       v_rows[a] = t[h].v_rows;
     }
     touch_head_rows(k_rows, heads, order);  // (a software prefetch of the next tile's rows
-    touch_head_rows(v_rows, heads, order);  // here gained nothing: docs/paged.md)
+    if (!p.v_in_k) touch_head_rows(v_rows, heads, order);  // here gained nothing: docs/paged.md)
     for (index_t a = 0; a < heads; ++a) {
       const index_t h = active[a];
       auto scales = item_scales<Kv>(p, head_blk[h]);
@@ -475,18 +477,21 @@ void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan,
 
 /// The key loop with K^T and V packed into SRAM tiles, the next tile's rows prefetched.
 /// Tiles the modifiers skip whole (a block mask's empty blocks) are never loaded.
+/// v_in_k (MLA's latent, ForwardParams::v_in_k): V's tile is made from the K^T tile in SRAM
+/// (ops::values_from_keys), never read from v: the latent is read once per key tile.
 template <class Op, class Src, class Scales, class Mods, class Io>
-void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, Scales& scales, const Mods& mods,
+void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, bool v_in_k, Scales& scales, const Mods& mods,
                    const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
   for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
     const index_t cols = std::min(bc, key_end - col0);
     if (mods.skips(rows, col0, cols)) continue;
     load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
-    load_rows_pairwise(t.v, v, col0, cols, io);                    // (Bc, dv)
+    if (v_in_k) ops::values_from_keys(t.v, t.k_t, v.cols);         // (Bc, dv) from K^T, in SRAM
+    else load_rows_pairwise(t.v, v, col0, cols, io);               // (Bc, dv)
     const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
     if (const index_t next = col0 + cols; next < key_end) {  // (docs/performance.md: its measured effect)
       prefetch_rows(k, next, std::min(bc, key_end - next));
-      prefetch_rows(v, next, std::min(bc, key_end - next));
+      if (!v_in_k) prefetch_rows(v, next, std::min(bc, key_end - next));
     }
     if constexpr (ForwardTiles<Op>::pairs) {
       if (t.panels) {  // K^T and V as the products read them, once for all slabs

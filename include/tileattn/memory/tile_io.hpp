@@ -249,6 +249,14 @@ void load_row_refs(RowRefs<std::remove_const_t<typename Src::element_type>>& dst
   io.read(static_cast<std::uint64_t>(rows * src.cols) * sizeof(S));
 }
 
+/// dst[r] = the first `cols` elements of key row r of `keys`: V rows read in place where V is
+/// K's first columns (MLA's latent). The rows were counted when `keys` was loaded: nothing is.
+template <class T>
+void value_refs_from_keys(RowRefs<T>& dst, const RowRefs<T>& keys, index_t cols) {
+  dst.set_extent(keys.rows(), cols);
+  for (index_t r = 0; r < keys.rows(); ++r) dst.row_ref(r) = keys.row(r);
+}
+
 /// dst[r] = the scale of key row0 + r, r in [0, rows): an 8-bit K or V tile's scales, one
 /// read counted per run of keys that share one (per page for a paged pool).
 template <class Io>

@@ -6,14 +6,17 @@
 // A float tile serves every role as it is. A bf16 pair tile (bf16x2, core/half_types.hpp)
 // is an A operand with pairs along the columns (tile_io's load_rows), and a B operand of a
 // product summed over its rows with pairs of rows interleaved (load_rows_pairwise).
-// These move no HBM data: nothing is counted.
+// values_from_keys makes a V tile from a K^T tile whose keys' first columns are the values
+// (MLA's latent: load once, pack twice). These move no HBM data: nothing is counted.
 #pragma once
 
+#include <algorithm>
 #include <cassert>
 #include <type_traits>
 
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/limits.hpp"
 #include "tileattn/core/tile.hpp"
 
 namespace tileattn::ops {
@@ -53,6 +56,37 @@ inline void pair_rows(Tile<bf16x2>& dst, const Tile<float>& src) {
   for (index_t q = 0; 2 * q < src.rows(); ++q)
     arch::native::interleave_rounded(src.row(2 * q), 2 * q + 1 < src.rows() ? src.row(2 * q + 1) : nullptr,
                                      dst.row(q), src.cols());
+}
+
+/// dst (keys x values) = the first `values` rows of float K^T tile src (d x keys)
+/// transposed: the V tile of keys whose values are their keys' first columns (MLA's
+/// latent, kernels/forward.hpp), made from the K^T tile already in SRAM.
+inline void values_from_keys(Tile<float>& dst, const Tile<float>& src, index_t values) {
+  assert(values <= src.rows());
+  dst.set_extent(src.cols(), values);
+  arch::native::transpose(values, src.cols(), src.data(), src.ld(), dst.data(), dst.ld());
+}
+
+/// The same for pair tiles: src is K^T with pairs along d ((d + 1) / 2 x keys), dst V with
+/// pairs of keys (ceil(keys / 2) x values), the bits load_rows_pairwise gives from the
+/// keys' rows. Sixteen keys at a time, src's pairs go back to key rows as 32-bit lanes (a
+/// staging block of at most 16 x max_head_dim / 2 pairs, in L1) and are interleaved two by two.
+inline void values_from_keys(Tile<bf16x2>& dst, const Tile<bf16x2>& src, index_t values) {
+  constexpr index_t block_keys = 16;  // even: a pair of keys never straddles two blocks
+  const index_t keys = src.cols(), pairs = (values + 1) / 2, stage_ld = (pairs + 15) / 16 * 16;
+  assert(pairs <= src.rows() && stage_ld <= max_head_dim / 2);
+  dst.set_extent((keys + 1) / 2, values);
+  alignas(64) bf16x2 stage[block_keys * (max_head_dim / 2)];
+  for (index_t k0 = 0; k0 < keys; k0 += block_keys) {
+    const index_t n = std::min(block_keys, keys - k0);
+    arch::native::transpose(pairs, n, reinterpret_cast<const float*>(src.data() + k0), src.ld(),
+                            reinterpret_cast<float*>(stage), stage_ld);   // (n, pairs): the keys' rows
+    for (index_t q = 0; 2 * q < n; ++q) {
+      const auto* a = reinterpret_cast<const bf16*>(stage + 2 * q * stage_ld);
+      const auto* b = 2 * q + 1 < n ? reinterpret_cast<const bf16*>(stage + (2 * q + 1) * stage_ld) : nullptr;
+      arch::native::interleave_pairs(a, b, dst.row(k0 / 2 + q), values);
+    }
+  }
 }
 
 /// The transposed A operand (for matmul_accumulate_tn) of Op type that holds float tile
