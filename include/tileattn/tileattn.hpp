@@ -17,5 +17,6 @@
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/memory/io_counter.hpp"
+#include "tileattn/mla.hpp"
 #include "tileattn/paged.hpp"
 #include "tileattn/version.hpp"
