@@ -105,6 +105,7 @@ struct TileScalesRef {
 /// staging block.
 struct TileScales {
   ScaleSource k_source, v_source;
+  bool v_is_k = false;  // MLA's latent: V's scales are K's, loaded once
   alignas(64) float k[max_key_tile_rows];
   alignas(64) float v[max_key_tile_rows];
 
@@ -116,7 +117,9 @@ struct TileScales {
       load_scales(k, k_source, col0, cols, io);
       ref.k = k;
     }
-    if (!v_source.empty()) {
+    if (v_is_k) {
+      ref.v = ref.k;
+    } else if (!v_source.empty()) {
       load_scales(v, v_source, col0, cols, io);
       ref.v = v;
     }
@@ -323,6 +326,8 @@ auto item_scales(const ForwardParams<T, KV>& p, const QueryBlock& blk) {
   if constexpr (quantized_type<KV>) {
     scales.k_source = Kv::scales(p, p.k_scale, blk);
     scales.v_source = Kv::scales(p, p.v_scale, blk);
+    scales.v_is_k = p.v_in_k && p.v_scale.data == p.k_scale.data && p.v_scale.stride == p.k_scale.stride &&
+                    p.v_scale.shape == p.k_scale.shape;
   }
   return scales;
 }
