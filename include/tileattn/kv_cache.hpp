@@ -48,6 +48,13 @@
 // position in the sequence (token t: position t), before an 8-bit cache quantizes it, so that
 // forward_paged with the same options.rotary attends with Q rotated at the same positions.
 //
+// Latent caches (MLA, mla.hpp). With KvCacheConfig::latent, a token's row of head_dim per
+// K/V head (usually one: kv_lora_rank + the rotary dims) is K and its first head_dim_v columns
+// are V: there is no V pool. write_latent / append_latent write the rows (quantized at K's
+// scales in an 8-bit cache); v_pages() views the K pool's first columns and v_scales() are
+// k_scales(), so forward_paged_mla(q, cache.k_pages(l), ...) and forward_paged with both
+// views see the same values. write and append (K and V rows) throw on a latent cache.
+//
 // Errors. Every call checks its arguments before it changes anything; a bad one throws
 // tileattn::invalid_argument naming it ("sequence" for an unknown or freed id). extend and
 // append throw out_of_pages (core/error.hpp) when too few pages are free, with every sequence
@@ -104,6 +111,12 @@ struct KvCacheConfig {
   /// 32-bit types, token-major for 8-bit ones; config() reports the choice). k_pages and
   /// v_pages carry the strides either way.
   PageLayout layout = PageLayout::automatic;
+  /// MLA's latent cache (mla.hpp): one row of head_dim per token and K/V head (usually
+  /// heads_kv 1: kv_lora_rank + the rotary dims) is K, and its first head_dim_v columns are
+  /// V. There is no V pool: v_pages() views the K pool's first head_dim_v columns (and an 8-bit
+  /// cache's v_scales() are its k_scales()); write_latent and append_latent write the rows,
+  /// write and append throw. fp8: k_scale only.
+  bool latent = false;
 };
 
 using SequenceId = std::int64_t;
@@ -149,17 +162,17 @@ class KvCache {
     };
     for (index_t l = 0; l < config_.num_layers; ++l) {
       k_pools_.push_back(pool(config_.head_dim));
-      v_pools_.push_back(pool(config_.head_dim_v));
+      v_pools_.push_back(config_.latent ? Pool() : pool(config_.head_dim_v));
     }
     if constexpr (quantized) {
       const index_t heads = config_.heads_kv;
       for (index_t l = 0; l < config_.num_layers; ++l) {
         if constexpr (adaptive_scale<T>) {  // per (page, head), 0 until written
           k_scales_.emplace_back(static_cast<std::size_t>(config_.num_pages * heads), 0.0f);
-          v_scales_.emplace_back(static_cast<std::size_t>(config_.num_pages * heads), 0.0f);
+          if (!config_.latent) v_scales_.emplace_back(static_cast<std::size_t>(config_.num_pages * heads), 0.0f);
         } else {  // per head, fixed
           k_scales_.push_back(layer_scales(config_.k_scale, l));
-          v_scales_.push_back(layer_scales(config_.v_scale, l));
+          if (!config_.latent) v_scales_.push_back(layer_scales(config_.v_scale, l));
         }
       }
     }
@@ -249,9 +262,61 @@ class KvCache {
   void write_rows(index_t layer, SequenceId sequence, index_t position0, StridedView<const S, 3> k_new,
                   StridedView<const S, 3> v_new, const RotaryOptions& rotary) {
     check_layer(layer);
-    const Sequence& s = at(sequence);
+    require_not_latent("v_new");
     check_new_rows(k_new, v_new, detail::new_k_dims, detail::new_v_dims, detail::tokens_may_be_empty);
-    const index_t n = k_new.shape[0];
+    const std::vector<std::int64_t> slots = slots_of(sequence, position0, k_new.shape[0]);
+    write_kv_rows(layer, slots, position0, k_new.shape[0], k_new, v_new, rotary);
+  }
+
+  void require_not_latent(const char* name) const {
+    TILEATTN_REQUIRE(!config_.latent, name,
+                     "a latent cache (KvCacheConfig::latent) has no V rows: write its rows with write_latent / "
+                     "append_latent");
+  }
+
+  /// V of a latent cache: the K pool's first head_dim_v columns.
+  template <class U>
+  PagePoolView<U> latent_values(PagePoolView<U> k) const {
+    k.shape[3] = config_.head_dim_v;
+    return k;
+  }
+
+  /// The latent rows of write_latent: layer `layer`'s K pool only (an 8-bit cache quantizes
+  /// them at K's scales, int8 growing them as write_kv_slots does).
+  template <class S>
+  void write_latent_rows(index_t layer, SequenceId sequence, index_t position0, StridedView<const S, 3> rows) {
+    check_layer(layer);
+    TILEATTN_REQUIRE(config_.latent, "latent_new", "needs a latent cache (KvCacheConfig::latent); use write");
+    check_latent_rows(rows);
+    const std::vector<std::int64_t> slots = slots_of(sequence, position0, rows.shape[0]);
+    const PagePoolView<T> pool = k_pages(layer);
+    std::vector<float> x(static_cast<std::size_t>(config_.head_dim));
+    for (index_t token = 0; token < rows.shape[0]; ++token) {
+      const std::int64_t slot = slots[static_cast<std::size_t>(token)];
+      const index_t page = slot / page_size(), row = slot % page_size();
+      if constexpr (quantized)
+        detail::quantize_token(rows, token, pool, scales_view(k_scales_, layer), page, row, RotaryOptions{}, 0,
+                               x.data());
+      else
+        detail::copy_token(rows, token, pool, page, row);
+    }
+  }
+
+  /// Views, extents and memory of latent rows [num_tokens, heads_kv, head_dim].
+  template <class S>
+  void check_latent_rows(const StridedView<const S, 3>& rows) const {
+    detail::check_view(rows, "latent_new", detail::new_k_dims, detail::tokens_may_be_empty);
+    require_extent(rows, "latent_new", 1, "heads_kv", config_.heads_kv);
+    require_extent(rows, "latent_new", 2, "head_dim", config_.head_dim);
+    for (index_t l = 0; l < num_layers(); ++l)
+      TILEATTN_REQUIRE(!detail::byte_span(k_pages(l)).overlaps(detail::byte_span(rows)), "latent_new",
+                       "overlaps the cache's pages");
+  }
+
+  /// The slots of positions [position0, position0 + n) of `sequence`: within its length and
+  /// in pages it holds alone.
+  std::vector<std::int64_t> slots_of(SequenceId sequence, index_t position0, index_t n) const {
+    const Sequence& s = at(sequence);
     TILEATTN_REQUIRE(position0 >= 0 && position0 <= s.length - n, "position0",  // (position0 + n may overflow)
                     std::to_string(position0) + " with " + std::to_string(n) +
                         " rows: they are not within the sequence's length " + std::to_string(s.length));
@@ -265,6 +330,12 @@ class KvCache {
                                                 " sequences (only extend writes there)");
       slots[static_cast<std::size_t>(i)] = page * page_size() + (position0 + i) % page_size();
     }
+    return slots;
+  }
+
+  template <class S>
+  void write_kv_rows(index_t layer, const std::vector<std::int64_t>& slots, index_t position0, index_t n,
+                     StridedView<const S, 3> k_new, StridedView<const S, 3> v_new, const RotaryOptions& rotary) {
     std::vector<std::int64_t> positions(rotary.enabled() ? static_cast<std::size_t>(n) : 0);
     for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = position0 + static_cast<index_t>(i);
     if constexpr (quantized) {
@@ -332,6 +403,7 @@ class KvCache {
   void append_rows(SequenceId sequence, TensorView<const S> k_new, TensorView<const S> v_new,
                    const RotaryOptions& rotary) {
     const index_t position0 = at(sequence).length;
+    require_not_latent("v_new");
     check_new_rows(k_new, v_new, {"num_layers", "num_tokens", "heads_kv", "head_dim"},
                    {"num_layers", "num_tokens", "heads_kv", "head_dim_v"}, {false, true, false, false});
     for (const auto& [view, name] : {std::pair{k_new, "k_new"}, std::pair{v_new, "v_new"}})
@@ -343,6 +415,41 @@ class KvCache {
   }
 
  public:
+
+  /// A latent cache's (KvCacheConfig::latent) write(): latent_new [n, heads_kv, head_dim]
+  /// into positions [position0, position0 + n) of the sequence in `layer` (below length(), in
+  /// pages it holds alone); rows of T, or float, bf16 or fp16 for an 8-bit cache, which
+  /// quantizes them at k_scales(). No rotary option: MLA's rotary dims are the row's last ones,
+  /// rotated by the caller.
+  template <class Row>
+  void write_latent(index_t layer, SequenceId sequence, index_t position0, const StridedView<Row, 3>& latent_new) {
+    check_row_types<Row, Row>();
+    if constexpr (takes_rows<Row, Row>)
+      write_latent_rows(layer, sequence, position0, StridedView<const std::remove_const_t<Row>, 3>(latent_new));
+  }
+  /// write_latent() of the last n = latent_new.shape[0] positions (those extend reserved).
+  template <class Row>
+  void write_latent(index_t layer, SequenceId sequence, const StridedView<Row, 3>& latent_new) {
+    write_latent(layer, sequence, length(sequence) - latent_new.shape[0], latent_new);
+  }
+  /// Extends by n and writes every layer's latent rows: latent_new [num_layers, n, heads_kv,
+  /// head_dim]. All or nothing.
+  template <class Row>
+  void append_latent(SequenceId sequence, const TensorView<Row>& latent_new) {
+    check_row_types<Row, Row>();
+    if constexpr (takes_rows<Row, Row>) {
+      using S = std::remove_const_t<Row>;
+      const TensorView<const S> rows = latent_new;
+      const index_t position0 = at(sequence).length;
+      TILEATTN_REQUIRE(config_.latent, "latent_new", "needs a latent cache (KvCacheConfig::latent); use append");
+      detail::check_view(rows, "latent_new", {"num_layers", "num_tokens", "heads_kv", "head_dim"},
+                         {false, true, false, false});
+      require_extent(rows, "latent_new", 0, "num_layers", num_layers());
+      check_latent_rows(layer_rows(rows, 0));
+      extend(sequence, rows.shape[1]);  // the checks above are write_latent's: nothing below throws
+      for (index_t l = 0; l < num_layers(); ++l) write_latent_rows(l, sequence, position0, layer_rows(rows, l));
+    }
+  }
 
   /// Rolls back to new_length tokens: pages past it lose a reference (freed at 0).
   void truncate(SequenceId sequence, index_t new_length) {
@@ -382,9 +489,13 @@ class KvCache {
   bool contains(SequenceId sequence) const { return sequences_.count(sequence) != 0; }
 
   PagePoolView<T> k_pages(index_t layer) & { return pool_view(k_pools_, layer, config_.head_dim); }
-  PagePoolView<T> v_pages(index_t layer) & { return pool_view(v_pools_, layer, config_.head_dim_v); }
+  PagePoolView<T> v_pages(index_t layer) & {
+    return config_.latent ? latent_values(k_pages(layer)) : pool_view(v_pools_, layer, config_.head_dim_v);
+  }
   PagePoolView<const T> k_pages(index_t layer) const& { return pool_view(k_pools_, layer, config_.head_dim); }
-  PagePoolView<const T> v_pages(index_t layer) const& { return pool_view(v_pools_, layer, config_.head_dim_v); }
+  PagePoolView<const T> v_pages(index_t layer) const& {
+    return config_.latent ? latent_values(k_pages(layer)) : pool_view(v_pools_, layer, config_.head_dim_v);
+  }
 
   /// An 8-bit cache's scales of `layer`, as forward_paged's options.k_scale / v_scale take
   /// them: [num_pages, heads_kv] (int8) or [1, heads_kv] (fp8, per K/V head).
@@ -396,7 +507,7 @@ class KvCache {
   KvScaleView v_scales(index_t layer) const&
     requires quantized
   {
-    return scales_view(v_scales_, layer);
+    return scales_view(config_.latent ? k_scales_ : v_scales_, layer);
   }
 
   // Views of a temporary cache would dangle (as views of a temporary Eigen tensor, eigen.hpp).
@@ -487,6 +598,12 @@ class KvCache {
                      "layout", "must be PageLayout::automatic, token_major or head_major, got " +
                                    std::to_string(static_cast<int>(c.layout)));
     c.layout = resolved_layout<T>(c.layout);
+    if (c.latent) {
+      TILEATTN_REQUIRE(c.head_dim_v <= c.head_dim, "head_dim_v",
+                       "of a latent cache (V: the latent's first columns) must be <= head_dim = " +
+                           std::to_string(c.head_dim) + ", got " + std::to_string(c.head_dim_v));
+      TILEATTN_REQUIRE(c.v_scale.empty(), "v_scale", "must be empty for a latent cache: k_scale scales V too");
+    }
     const detail::CheckedSum layer = layer_bytes(c);
     TILEATTN_REQUIRE(layer.at_most(max_allocation_bytes), "num_pages",
                      "num_pages x page_size x heads_kv x (head_dim + head_dim_v) elements of " +
@@ -512,7 +629,7 @@ class KvCache {
     const index_t scale_rows = !quantized ? 0 : adaptive_scale<T> ? c.num_pages : 1;  // per layer, K and V each
     return detail::CheckedSum{}
         .add({c.num_pages, c.page_size, c.heads_kv, c.head_dim, size})
-        .add({c.num_pages, c.page_size, c.heads_kv, c.head_dim_v, size})
+        .add({c.num_pages, c.page_size, c.heads_kv, c.latent ? 0 : c.head_dim_v, size})
         .add({2, scale_rows, c.heads_kv, static_cast<index_t>(sizeof(float))})
         .add({vectors});
   }

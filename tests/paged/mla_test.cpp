@@ -375,5 +375,96 @@ TEST(Mla, RejectsWhatItCannotTakeAndWritesNothing) {
   EXPECT_EQ(0, std::memcmp(untouched.data(), batch.o.data(), untouched.size() * sizeof(float)));
 }
 
+// ---- KvCache's latent pools ----------------------------------------------------------------
+
+TEST(MlaCache, AppendsAndWritesLatentRowsAttendedByMla) {
+  constexpr index_t layers = 2, d = 80, dv = 64, heads = 16;
+  KvCache<float> cache({.num_layers = layers, .num_pages = 40, .page_size = 16, .heads_kv = 1, .head_dim = d,
+                        .head_dim_v = dv, .latent = true});
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const auto random = [&](std::size_t n) {
+    std::vector<float> x(n);
+    for (float& e : x) e = normal(rng);
+    return x;
+  };
+  const std::vector<float> rows = random(layers * 100 * d);
+  const SequenceId a = cache.create(), b = cache.create();
+  cache.append_latent(a, make_bshd<const float>(rows.data(), layers, 100, 1, d));
+  cache.extend(b, 37);
+  const std::vector<float> rows_b = random(37 * d);
+  for (index_t l = 0; l < layers; ++l)
+    cache.write_latent(l, b, StridedView<const float, 3>{rows_b.data(), {37, 1, d}, {d, d, 1}});
+  const auto pool = cache.k_pages(1);
+  const auto values = cache.v_pages(1);
+  EXPECT_EQ(pool.data, values.data);
+  EXPECT_EQ(values.shape[3], dv);
+  EXPECT_EQ(values.stride, pool.stride);
+  const auto page_a = cache.pages(a);
+  EXPECT_EQ(pool(page_a[6], 3, 0, 5), rows[static_cast<std::size_t>((100 + 6 * 16 + 3) * d + 5)]);  // layer 1, token 99
+
+  const std::vector<float> q = random(2 * heads * d);
+  std::vector<float> o(2 * heads * dv), o_generic(o.size());
+  const std::vector<SequenceId> ids{a, b};
+  const auto tables = cache.batch(ids);
+  forward_paged_mla(make_bshd<const float>(q.data(), 2, 1, heads, d), pool, tables.block_table_view(),
+                    tables.seqlens(), make_bshd(o.data(), 2, 1, heads, dv));
+  forward_paged(make_bshd<const float>(q.data(), 2, 1, heads, d), pool, values, tables.block_table_view(),
+                tables.seqlens(), make_bshd(o_generic.data(), 2, 1, heads, dv));
+  EXPECT_EQ(0, std::memcmp(o.data(), o_generic.data(), o.size() * sizeof(float)));
+  const auto latent_b = make_bshd<const float>(rows_b.data(), 1, 37, 1, d);
+  auto values_b = latent_b;
+  values_b.shape[3] = dv;
+  const auto ref = reference::attention(make_bshd<const float>(q.data() + heads * d, 1, 1, heads, d), latent_b,
+                                        values_b, reference::Options{});
+  const Deviation dev = compare_to_reference(ref, make_bshd<const float>(o.data() + heads * dv, 1, 1, heads, dv), LseView{});
+  EXPECT_TRUE(dev.problem.empty()) << dev.problem;
+  EXPECT_LE(dev.o, forward_o_tolerance);
+}
+
+/// An int8 latent cache quantizes as write_kv_slots quantizes K (scales growing per page):
+/// the same bytes and scales as a K/V cache given the rows as K.
+TEST(MlaCache, Int8LatentQuantizesAsKvCacheK) {
+  constexpr index_t d = 48, dv = 32, n = 40;
+  KvCacheConfig config{.num_layers = 1, .num_pages = 8, .page_size = 16, .heads_kv = 1, .head_dim = d, .head_dim_v = dv};
+  KvCache<std::int8_t> kv(config);
+  config.latent = true;
+  KvCache<std::int8_t> latent(config);
+  std::vector<float> rows(n * d);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = normal(rng) * (1.0f + static_cast<float>(i % 97) / 10.0f);
+  const auto as_k = make_bshd<const float>(rows.data(), 1, n, 1, d);
+  auto as_v = as_k;
+  as_v.shape[3] = dv;
+  const SequenceId s = kv.create(), t = latent.create();
+  kv.append(s, as_k, as_v);
+  latent.append_latent(t, as_k);
+  EXPECT_EQ(latent.v_scales(0).data, latent.k_scales(0).data);
+  for (index_t token = 0; token < n; ++token) {
+    const std::int32_t page = latent.pages(t)[static_cast<std::size_t>(token / 16)];
+    EXPECT_EQ(page, kv.pages(s)[static_cast<std::size_t>(token / 16)]);
+    EXPECT_EQ(latent.k_scales(0)(page, 0), kv.k_scales(0)(page, 0));
+    for (index_t c = 0; c < d; ++c) EXPECT_EQ(latent.k_pages(0)(page, token % 16, 0, c), kv.k_pages(0)(page, token % 16, 0, c));
+  }
+}
+
+TEST(MlaCache, RejectsKvWritesAndBadConfigs) {
+  KvCache<float> latent({.num_pages = 4, .heads_kv = 1, .head_dim = 8, .head_dim_v = 4, .latent = true});
+  KvCache<float> plain({.num_pages = 4, .heads_kv = 1, .head_dim = 8});
+  const SequenceId s = latent.create(), t = plain.create();
+  latent.extend(s, 2);
+  plain.extend(t, 2);
+  std::vector<float> k(16), v(8);
+  const StridedView<const float, 3> k_rows{k.data(), {2, 1, 8}, {8, 8, 1}}, v_rows{v.data(), {2, 1, 4}, {4, 4, 1}};
+  EXPECT_THROW_NAMING(latent.write(0, s, k_rows, v_rows), "v_new");
+  EXPECT_THROW_NAMING(plain.write_latent(0, t, k_rows), "latent_new");
+  EXPECT_THROW_NAMING(latent.write_latent(0, s, v_rows), "latent_new.shape[2] (head_dim)");
+  EXPECT_THROW_NAMING((KvCache<float>({.num_pages = 4, .heads_kv = 1, .head_dim = 8, .head_dim_v = 9, .latent = true})),
+                      "head_dim_v");
+  EXPECT_THROW_NAMING((KvCache<fp8_e4m3>({.num_pages = 4, .heads_kv = 1, .head_dim = 8, .v_scale = {2.0f}, .latent = true})),
+                      "v_scale");
+}
+
 }  // namespace
 }  // namespace tileattn::test
