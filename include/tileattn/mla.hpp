@@ -155,4 +155,28 @@ void forward_paged_mla_varlen(const PackedView<Q>& q, const TensorView<L>& laten
   }
 }
 
+/// The plan forward_paged_mla_varlen makes for this batch, for reuse across layers.
+template <class Q, class L, class O>
+PagedPlan plan_forward_paged_mla_varlen(const PackedView<Q>& q, const TensorView<L>& latent_cache,
+                                        BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                                        const PackedView<O>& o, PackedLseView lse,
+                                        std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
+  detail::check_element_types<Q, L, L, O>();
+  const auto call = detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
+  return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+}
+
+/// forward_paged_mla_varlen with a plan from plan_forward_paged_mla_varlen (checked against the call).
+template <class Q, class L, class O>
+void forward_paged_mla_varlen(const PagedPlan& plan, const PackedView<Q>& q, const TensorView<L>& latent_cache,
+                              BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                              const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                              const PagedOptions& options = {}) {
+  if constexpr (detail::check_element_types<Q, L, L, O>()) {
+    const auto call =
+        detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
+    detail::run_paged(call.params, plan, detail::latent_options(options));
+  }
+}
+
 }  // namespace tileattn

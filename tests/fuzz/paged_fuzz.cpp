@@ -22,7 +22,9 @@
 // page or per (page, head), padded or not, whose values may be negative, zero or NaN
 // (allowed: params.hpp says a non-finite scale makes the values it scales non-finite), and
 // rotary embedding of Q (a quarter of the inputs: tables of random sizes in either layout,
-// NeoX or interleaved pairs, now and then a NaN entry; the reference rotates Q first).
+// NeoX or interleaved pairs, now and then a NaN entry; the reference rotates Q first), and in
+// a quarter of the calls with dv <= d and no rotary, MLA (tileattn/mla.hpp:
+// forward_paged_mla(_varlen) and its plans) with V the K pool's first dv columns.
 // Then one corruption from the list in corrupt() (or none): a page id outside the pool in a
 // used entry, cache_seqlens beyond the table, negative or of the wrong count, mismatched
 // heads and head dims, scale views of the wrong extent or on 16/32-bit pools, a plan made
@@ -215,6 +217,7 @@ struct Problem {
   int corruption = -1;                     // chosen; applied_corruption says what it became
   std::string applied = "none";
   fuzz::RotaryTables rotary;               // opts.rotary's tables (none: no rotation)
+  bool mla = false;                        // forward_paged_mla: V the K pool's first dv columns
 };
 
 index_t view_batch(const Problem& p) { return p.varlen ? 1 : p.batch; }
@@ -445,6 +448,13 @@ void build_rotary(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
 }
 
 /// Everything but the typed views: shapes, pages, values, options, layouts, the rerun.
+/// MLA: every pool row's V is its K row's first dv values, at K's scales.
+void make_latent(Problem& p) {
+  for (index_t row = 0; row < p.num_pages * p.page * p.hkv; ++row)
+    std::copy_n(p.kf.begin() + row * p.d, p.dv, p.vf.begin() + row * p.dv);
+  p.vs = p.ks;
+}
+
 void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   p.kv = static_cast<KvType>(in.ConsumeIntegralInRange(0, 5));
   const int q_choice = in.ConsumeIntegralInRange(0, 2);
@@ -483,6 +493,10 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   if (!backend_available(backend)) backend = Backend::serial;
   p.again = {backend, (flags >> 3) & 3};
   build_rotary(in, p, rng);
+  // A quarter of the calls where dv <= d and Q is not rotated: MLA (mla.hpp), the K pool a
+  // latent pool whose first dv columns are V (V's values and scales become K's).
+  p.mla = in.ConsumeIntegralInRange(0, 3) == 0 && p.dv <= p.d && !p.opts.rotary.enabled();
+  if (p.mla) make_latent(p);
 }
 
 // ---- The typed call ---------------------------------------------------------------------
@@ -532,10 +546,15 @@ Call<T, KV> make_call(const Problem& p) {
   c.seqlens = p.seqlens;
   c.cu = p.cu;
   const index_t step = p.lse_layout + 1;  // 2: every other element, the rest must stay the sentinel
+  if (p.mla) {  // the V the call sees: a view of the latent pool (c.v goes unused)
+    c.vv = c.kv;
+    c.vv.shape[3] = p.dv;
+  }
   c.lse.assign(static_cast<std::size_t>(std::max<index_t>(vb * p.hq * p.nq * step, 1)), sentinel);
   if (p.lse_on && !p.varlen) c.lse3 = {c.lse.data(), {p.batch, p.hq, p.nq}, {p.hq * p.nq * step, p.nq * step, step}};
   if (p.lse_on && p.varlen) c.lse2 = {c.lse.data(), {p.hq, p.nq}, {p.nq * step, step}};
   c.opts = p.opts;
+  if (p.mla) c.opts.v_scale = {};  // the latent's scales: k_scale alone
   return c;
 }
 
@@ -547,8 +566,24 @@ PackedView<T> pack(const TensorView<T>& v) {
 /// The entry point the problem names: fixed or varlen, with or without a plan (and the
 /// 7-argument forward_paged when there is neither an LSE nor a plan).
 template <class T, class KV>
+void run_mla(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
+  if (p.varlen && plan)
+    forward_paged_mla_varlen(*plan, pack(c.qv), c.kv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
+  else if (p.varlen)
+    forward_paged_mla_varlen(pack(c.qv), c.kv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
+  else if (plan)
+    forward_paged_mla(*plan, c.qv, c.kv, c.table, c.seqlens, c.ov, c.lse3, opts);
+  else if (!p.lse_on)
+    forward_paged_mla(c.qv, c.kv, c.table, c.seqlens, c.ov, opts);
+  else
+    forward_paged_mla(c.qv, c.kv, c.table, c.seqlens, c.ov, c.lse3, opts);
+}
+
+template <class T, class KV>
 void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
-  if (p.varlen) {
+  if (p.mla) {
+    run_mla(p, c, opts, plan);
+  } else if (p.varlen) {
     if (plan)
       forward_paged_varlen(*plan, pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
     else
@@ -564,6 +599,9 @@ void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const
 
 template <class T, class KV>
 PagedPlan make_plan(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts) {
+  if (p.mla && p.varlen)
+    return plan_forward_paged_mla_varlen(pack(c.qv), c.kv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
+  if (p.mla) return plan_forward_paged_mla(c.qv, c.kv, c.table, c.seqlens, c.ov, c.lse3, opts);
   if (p.varlen) return plan_forward_paged_varlen(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
   return plan_forward_paged(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
 }
@@ -642,6 +680,7 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
         c.lse3.shape[1] = c.lse2.shape[0] = p.hq + 1;
         return "heads_q not a multiple of heads_kv";
       }
+      if (p.mla) return "none";  // MLA has one pool
       c.vv.shape[2] += 1;
       return "pools' heads_kv differ";
     case 5: c.kv.shape[3] += 1; c.vv.shape[3] += in.ConsumeBool(); return "head_dim of k_cache";
@@ -669,7 +708,7 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
       switch (in.ConsumeIntegralInRange(0, 4)) {
         case 0: if (c.qv.empty()) return "none"; c.qv.data = nullptr; return "null q";
         case 1: if (!pool_nonempty) return "none"; c.kv.data = nullptr; return "null k_cache";
-        case 2: if (!pool_nonempty) return "none"; c.vv.data = nullptr; return "null v_cache";
+        case 2: if (!pool_nonempty || p.mla) return "none"; c.vv.data = nullptr; return "null v_cache";
         case 3: if (!o_nonempty) return "none"; c.ov.data = nullptr; return "null o";
         default: c.table.data = nullptr; return "null block_table";
       }
@@ -750,7 +789,7 @@ std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T
       }
       c.kv.shape[1] = c.vv.shape[1] = 0;
       return "page_size 0";
-    case 23: c.vv.shape[0] += 1; return "pools' num_pages differ";
+    case 23: if (p.mla) return "none"; c.vv.shape[0] += 1; return "pools' num_pages differ";
     case 24: c.table.shape[0] += 1; return "block_table batch";
     case 25:
       if (!p.lse_on) return "none";
@@ -921,7 +960,7 @@ constexpr double lse_bound = 1e-4;
 std::string describe(const Problem& p, const std::string& corruption, const std::array<const index_t*, 4>& strides) {
   const PagedOptions& o = p.opts;
   std::string s = std::string("Q ") + q_names[static_cast<int>(p.qt)] + " KV " + kv_names[static_cast<int>(p.kv)] +
-                  (p.varlen ? " varlen" : " fixed") + (p.planned ? " planned" : "") + (p.lse_on ? " lse" : "") +
+                  (p.mla ? " mla" : "") + (p.varlen ? " varlen" : " fixed") + (p.planned ? " planned" : "") + (p.lse_on ? " lse" : "") +
                   (p.lse_layout ? " (strided)" : "") + " B " + std::to_string(p.batch) + " Nq " + std::to_string(p.nq) +
                   " H " + std::to_string(p.hq) + "/" + std::to_string(p.hkv) + " d " + std::to_string(p.d) + " dv " +
                   std::to_string(p.dv) + " page " + std::to_string(p.page) + " pages " + std::to_string(p.num_pages) +
