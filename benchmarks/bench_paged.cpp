@@ -27,6 +27,11 @@
 // of_stream their fraction of the streaming read; step_GB/s is the per-sequence bytes over
 // the time for both, so its ratio between the two rows is the speedup.
 //
+// MLA (mla_decode/bf16/...): an absorbed DeepSeek decode step, 128 query heads over one bf16
+// latent head of 576 (V its first 512), B 1 at 4k and B 4 at 8k: forward_paged_mla ("mla")
+// against forward_paged with V a view of the latent ("generic"); GFLOP/s counts
+// 128 x keys x 1088 x 2.
+//
 //   bench_paged --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //   bench_paged --benchmark_filter=decode/fp32      # one group
 // Threads: the default Execution (all hardware threads, or OMP_NUM_THREADS).
@@ -464,12 +469,70 @@ void register_shared_prefix() {
   }
 }
 
+/// An absorbed MLA decode step (mla.hpp): B sequences of `context` bf16 latent rows (576: rank
+/// 512 + rotary 64, one latent head, pages of 64), 128 query heads, through forward_paged_mla
+/// or the generic call it replaces (forward_paged with V a view of the latent's first 512
+/// columns). Paired ratios: benchmarks/side_by_side/mla_timer.cpp.
+struct MlaWorkload {
+  static constexpr index_t heads = 128, dim = 576, dim_v = 512, page = 64;
+  index_t batch, context, pages_per_seq;
+  std::vector<tileattn::bf16> q, latent, o;
+  std::vector<std::int32_t> table, seqlens;
+  MlaWorkload(index_t b, index_t ctx) : batch(b), context(ctx), pages_per_seq((ctx + page - 1) / page) {
+    std::mt19937 rng(33);
+    std::normal_distribution<float> normal;
+    q.resize(static_cast<std::size_t>(b * heads * dim));
+    latent.resize(static_cast<std::size_t>(b * pages_per_seq * page * dim));
+    for (auto* values : {&q, &latent})
+      for (tileattn::bf16& x : *values) x = tileattn::from_float<tileattn::bf16>(normal(rng));
+    o.resize(static_cast<std::size_t>(b * heads * dim_v));
+    for (index_t s = 0; s < b; ++s) {
+      for (index_t p = 0; p < pages_per_seq; ++p) table.push_back(static_cast<std::int32_t>(s * pages_per_seq + p));
+      seqlens.push_back(static_cast<std::int32_t>(ctx));
+    }
+  }
+  void run(bool mla) {
+    const auto qv = tileattn::make_bshd<const tileattn::bf16>(q.data(), batch, 1, heads, dim);
+    const auto pool = tileattn::make_bshd<const tileattn::bf16>(latent.data(), batch * pages_per_seq, page, 1, dim);
+    const auto ov = tileattn::make_bshd(o.data(), batch, 1, heads, dim_v);
+    const auto bt = tileattn::make_block_table(table.data(), batch, pages_per_seq);
+    if (mla) {
+      tileattn::forward_paged_mla(qv, pool, bt, seqlens, ov);
+    } else {
+      auto values = pool;
+      values.shape[3] = dim_v;
+      tileattn::forward_paged(qv, pool, values, bt, seqlens, ov);
+    }
+  }
+  double flops() const { return 2.0 * heads * double(batch * context) * (dim + dim_v); }
+};
+
+void mla_decode(benchmark::State& state, bool mla) {
+  static std::unique_ptr<MlaWorkload> w;
+  if (!w || w->batch != state.range(0) || w->context != state.range(1)) {
+    w.reset();
+    w = std::make_unique<MlaWorkload>(state.range(0), state.range(1));
+  }
+  w->run(mla);  // warm
+  timed(state, [&] { w->run(mla); });
+  state.counters["GFLOP/s"] = benchmark::Counter(w->flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_mla() {
+  for (const bool mla : {true, false})
+    for (const auto& [b, ctx] : std::vector<std::pair<index_t, index_t>>{{1, 4096}, {4, 8192}})
+      benchmark::RegisterBenchmark(mla ? "mla_decode/bf16/mla" : "mla_decode/bf16/generic",
+                                   [mla](benchmark::State& s) { mla_decode(s, mla); })
+          ->Args({b, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   register_all();
   register_shared_prefix();
+  register_mla();
   benchmark::AddCustomContext("threads", std::to_string(threads()));
   benchmark::AddCustomContext("stream_read_GB/s", std::to_string(tileattn::bench::stream_read_gbps(threads())));
   benchmark::RunSpecifiedBenchmarks();
