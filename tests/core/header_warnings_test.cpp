@@ -1,7 +1,7 @@
 // tests/core/header_warnings_test.cpp: the public headers compile without a warning under
 // -Wall -Wextra -Wsign-conversion -Werror (issue 28): this file includes tileattn/tileattn.hpp
-// and flex.hpp and instantiates the forward, backward, paged and flex entry points and the
-// KV cache for float and bf16 (tests/core/CMakeLists.txt builds it with those flags and without
+// and flex.hpp and instantiates the forward, backward, paged, MLA and flex entry points and the
+// KV cache (K/V and latent) for float and bf16 (tests/core/CMakeLists.txt builds it with those flags and without
 // tileattn::instantiations, so the kernels are compiled here). The calls run once on a tiny
 // shape, so the test also checks they work.
 #include <gtest/gtest.h>
@@ -67,6 +67,18 @@ void run_every_entry_point() {
   const std::vector<std::int64_t> positions{0, 1, 2, 3};
   apply_rotary(StridedView<T, 3>{y.data(), {seqlen, 1, head_dim}, {head_dim, head_dim, 1}}, positions, options.rotary);
   EXPECT_TRUE(all_finite(o) && all_finite(y));
+
+  // MLA (mla.hpp): a latent cache, its append, and the absorbed call (V: the rows' first half).
+  config.latent = true;
+  config.head_dim_v = head_dim / 2;
+  KvCache<T> latent(config);
+  const SequenceId latent_ids[] = {latent.create()};
+  latent.append_latent(latent_ids[0], TensorView<const T>{x.data(), {1, seqlen, 1, head_dim}, {elements, head_dim, head_dim, 1}});
+  const auto latent_tables = latent.batch(latent_ids);
+  std::vector<T> half(elements / 2);
+  forward_paged_mla(in, latent.k_pages(0), latent_tables.block_table_view(), latent_tables.seqlens(),
+                    make_bhsd(half.data(), 1, 1, seqlen, head_dim / 2));
+  EXPECT_TRUE(all_finite(half));
 }
 
 TEST(HeaderWarnings, FloatEntryPointsCompileCleanAndRun) { run_every_entry_point<float>(); }
