@@ -288,6 +288,20 @@ TEST(Mla, SameBitsAsGenericPathWithVAsViewOfK) {
   expect_generic_bits<bf16, bf16>({{64, 65}, 1, 32, 1, 79, 33}, threads(1), "odd head dims");
 }
 
+TEST(Mla, SharedPrefixSameBitsAsGenericPath) {
+  LatentBatch<bf16, bf16> batch({{600, 600, 700}, 1, 32, 1, 80, 64});
+  for (index_t b = 1; b < 3; ++b)  // the first 512 keys of sequence 0 (KvCache::fork would share them)
+    std::copy_n(batch.table.begin(), 32, batch.table.begin() + b * batch.max_pages);
+  const PagedPlan plan = plan_forward_paged_mla(batch.q_view(), batch.latent_pool(), batch.block_table(),
+                                                batch.seqlens, batch.o_view(), batch.lse_view(), threads(2));
+  ASSERT_NE(plan.shared_prefix(), nullptr);  // the prefix-once pass runs
+  batch.run_generic(threads(2));
+  const std::vector<bf16> want = batch.o;
+  batch.reset();
+  batch.run_mla(threads(2));
+  EXPECT_EQ(0, std::memcmp(want.data(), batch.o.data(), want.size() * sizeof(bf16)));
+}
+
 /// Bytes one call reads, single-threaded, unsplit, a budget large enough for every head's
 /// rows in one item.
 template <class T, class S>
