@@ -4,7 +4,8 @@
 // Each repetition runs both, alternating which goes first; printed per workload: the median
 // and min-max of each, the median and min-max of the per-repetition ratios generic / MLA
 // (> 1: MLA faster), MLA's GFLOP/s (Hq x keys x (576 + 512) x 2 FLOPs: Q K^T and P V) and the
-// bytes each path reads per latent byte (IO counters). No Google Benchmark, so it builds on
+// bytes each path reads per latent byte (IO counters), and the plan (rows and keys of a work
+// item's tiles, whether the bf16 products run on prepared panels: AMX tiles on the Xeon). No Google Benchmark, so it builds on
 // the lent Xeon with g++ alone:
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/mla_timer.cpp -o t
 //   ./t [THREADS] [REPEATS] [HEADS]     (THREADS default: OMP_NUM_THREADS, else all; REPEATS 9;
@@ -102,12 +103,16 @@ void compare(index_t batch, index_t keys, index_t heads, int threads, int repeat
     tg.push_back(g), tm.push_back(m), ratio.push_back(g / m);
   }
   const double flops = 2.0 * double(heads) * double(batch * keys) * double(dim + rank);
+  const tileattn::PagedPlan plan = tileattn::plan_forward_paged_mla(step.queries(), step.pool(), step.block_table(),
+                                                                    step.seqlens, step.out(), tileattn::LseView{}, opt);
+  const tileattn::TilePlan& t = plan.tiles();
   std::printf("B %d keys %5td Hq %3td threads %2d  generic %s  mla %s  ratio %.3f (%.3f-%.3f) of %d  mla %6.1f GFLOP/s"
-              "  read/latent generic %.2f mla %.2f\n",
+              "  read/latent generic %.2f mla %.2f  plan: %td heads x %td keys%s, split %td\n",
               int(batch), keys, heads, threads, ms(tg).c_str(), ms(tm).c_str(), median(ratio),
               *std::min_element(ratio.begin(), ratio.end()), *std::max_element(ratio.begin(), ratio.end()), repeats,
               flops / median(tm) / 1e9, double(generic_io.bytes_read) / step.latent_bytes(),
-              double(mla_io.bytes_read) / step.latent_bytes());
+              double(mla_io.bytes_read) / step.latent_bytes(), t.packed_rows(), t.key_tile_rows,
+              t.panels ? " in panels" : " (pairs, no panels)", plan.keys_per_split());
 }
 
 }  // namespace

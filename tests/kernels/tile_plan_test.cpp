@@ -255,5 +255,26 @@ void expect_planned_tiles_fit() {
 TEST(ForwardWorkingSet, PlannedTilesCarveWithinTheBudget) { expect_planned_tiles_fit<float>(); }
 TEST(ForwardWorkingSet, PlannedBf16PairTilesCarveWithinTheBudget) { expect_planned_tiles_fit<bf16x2>(); }
 
+/// A bf16 panel too wide for the rows halves before the planner gives panels up: MLA's decode
+/// (576 / 512, 128 heads of one latent head) at AMX's 512-key panels in a Xeon core's 2 MiB.
+TEST(PanelPlan, WideHeadsHalveThePanelBeforeGivingPanelsUp) {
+  const PlanShape mla{576, 512, 1, 8192, 128, 1, TileOperands::bf16_panels};
+  const auto plan_with = [&](index_t panel, std::size_t budget) {
+    detail::panel_keys = panel;
+    const TilePlan plan = plan_forward_tiles(mla, budget, 16);
+    detail::panel_keys = 0;
+    return plan;
+  };
+  const TilePlan xeon = plan_with(512, std::size_t{2} << 20);
+  EXPECT_TRUE(xeon.panels);
+  EXPECT_EQ(xeon.key_tile_rows, 256);
+  EXPECT_EQ(xeon.packed_rows(), 128);  // every head in one item
+  EXPECT_LE(xeon.working_set_bytes, std::size_t{2} << 20);
+  EXPECT_EQ(plan_with(512, std::size_t{1} << 20).key_tile_rows, 128);
+  const TilePlan small = plan_with(512, 256 << 10);  // not even 128 keys: pairs, as before
+  EXPECT_FALSE(small.panels);
+  EXPECT_EQ(plan_with(64, std::size_t{2} << 20).key_tile_rows, 64);  // a narrow panel stays as asked
+}
+
 }  // namespace
 }  // namespace tileattn::test

@@ -94,6 +94,12 @@ inline constexpr index_t min_split_rows = 64;     // splitting for parallelism s
 inline std::atomic<index_t> panel_keys{0};
 /// bf16 panels: rows a panel needs at least, else the planner falls back to the search below.
 inline constexpr index_t min_panel_rows = 256;
+/// bf16 panels: a panel whose rows do not fit halves down to this many keys before the
+/// planner gives panels up. Wide heads need it: MLA's 576 + 512 at AMX's 512-key panels take
+/// 2.2 MiB of K^T and V (and their packed copies) alone, more than a Xeon core's 2 MiB L2, and
+/// without panels the products leave the AMX tiles for vdpbf16ps; 256 keys fit 128 heads'
+/// rows. 128: the vdpbf16ps set's own panel, so a set whose panel is 128 never halves.
+inline constexpr index_t min_halved_panel_keys = 128;
 }  // namespace detail
 
 /// Bytes the forward kernel carves for br packed query rows and bc keys: Q (br x d),
@@ -199,8 +205,13 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
     index_t panel = std::min(keys > 0 ? keys : std::max<index_t>(arch::native::product_panel_keys(), key_tile_granule),
                              ceil_div(nk, key_tile_granule) * key_tile_granule);
     if (shape.key_tile_limit > 0) panel = std::min(panel, std::max(shape.key_tile_limit, key_tile_granule));
-    const index_t rows = rows_that_fit(panel, d, dv, budget, shape.operands);
-    if (rows >= std::min(nq * s.group_size, min_panel_rows)) best = best_packing(rows, panel, nq, s.group_size);
+    const index_t wanted_rows = std::min(nq * s.group_size, min_panel_rows);
+    index_t rows = rows_that_fit(panel, d, dv, budget, shape.operands);
+    while (rows < wanted_rows && panel / 2 >= min_halved_panel_keys) {  // wide heads: a narrower panel first
+      panel = panel / 2 / key_tile_granule * key_tile_granule;
+      rows = rows_that_fit(panel, d, dv, budget, shape.operands);
+    }
+    if (rows >= wanted_rows) best = best_packing(rows, panel, nq, s.group_size);
     else s.operands = TileOperands::bf16_pairs;  // a small budget: pairs without panels (no packed copies)
   }
   if (best.items == 0)
