@@ -445,7 +445,7 @@ class KvCache {
       detail::check_view(rows, "latent_new", {"num_layers", "num_tokens", "heads_kv", "head_dim"},
                          {false, true, false, false});
       require_extent(rows, "latent_new", 0, "num_layers", num_layers());
-      check_latent_rows(layer_rows(rows, 0));
+      for (index_t l = 0; l < num_layers(); ++l) check_latent_rows(layer_rows(rows, l));
       extend(sequence, rows.shape[1]);  // the checks above are write_latent's: nothing below throws
       for (index_t l = 0; l < num_layers(); ++l) write_latent_rows(l, sequence, position0, layer_rows(rows, l));
     }

@@ -415,6 +415,17 @@ TEST(MlaCache, AppendsAndWritesLatentRowsAttendedByMla) {
   const auto page_a = cache.pages(a);
   EXPECT_EQ(pool(page_a[6], 3, 0, 5), rows[static_cast<std::size_t>((100 + 6 * 16 + 3) * d + 5)]);  // layer 1, token 99
 
+  // A fork's partly filled last page is copied on write (the latent pool alone: no V pool).
+  const SequenceId c = cache.fork(a);
+  cache.extend(c, 1);
+  const std::vector<float> row_c = random(d);
+  cache.write_latent(1, c, StridedView<const float, 3>{row_c.data(), {1, 1, d}, {d, d, 1}});
+  const std::int32_t copied = cache.pages(c)[6];
+  EXPECT_NE(copied, page_a[6]);
+  EXPECT_EQ(pool(copied, 3, 0, 5), pool(page_a[6], 3, 0, 5));  // token 99, copied
+  EXPECT_EQ(pool(copied, 4, 0, 7), row_c[7]);                    // token 100, the fork's own
+  cache.free(c);
+
   const std::vector<float> q = random(2 * heads * d);
   std::vector<float> o(2 * heads * dv), o_generic(o.size());
   const std::vector<SequenceId> ids{a, b};
