@@ -19,7 +19,10 @@
 // (rotary tables of random sizes and layouts; a row short, a position past them, negative, or
 // one too many, or positions without tables, on purpose now and then): the model keeps K
 // rotated at each token's position as the definition says (tests/fuzz/fuzz_rotary.hpp),
-// rounded to T, or in float before an 8-bit cache quantizes it.
+// rounded to T, or in float before an 8-bit cache quantizes it. A quarter of the caches whose
+// head_dim_v <= head_dim are latent (KvCacheConfig::latent, MLA): writes and appends go through
+// write_latent / append_latent with K's rows (no rotary; V's row faults reach nothing), the
+// model's V is K's first head_dim_v values, and attention is forward_paged_mla.
 //
 // Beside the cache runs a model: per live sequence its length, its pages and, per layer and
 // position, the float rows written there (a position extend reserved and nothing wrote is
@@ -188,6 +191,17 @@ KV_CACHE_FUZZ_UNCOVERED Rows<S> make_rows(std::mt19937& rng, index_t layers, ind
   for (S& x : r.data) x = from_float<S>(normal(rng) * magnitude);
   r.view = {r.data.data(), {layers, n, heads, dim}, {n * heads * dp, heads * dp, dp, 1}};
   return r;
+}
+
+/// A latent cache's V: a copy of k whose view holds each row's first dim_v values.
+template <class S>
+KV_CACHE_FUZZ_UNCOVERED Rows<S> prefix_rows(const Rows<S>& k, index_t dim_v) {
+  Rows<S> v;
+  v.data = k.data;
+  v.view = k.view;
+  v.view.data = v.data.data();
+  v.view.shape[3] = dim_v;
+  return v;
 }
 
 /// Token t's rows of layer l, as the model keeps them.
@@ -492,6 +506,13 @@ class Harness {
     }
   }
 
+  /// Whether fault f breaks rows the call takes: a latent cache's write_latent / append_latent
+  /// take K's rows alone, so the faults of V's (head_dim_v, tokens, null) change nothing.
+  bool faults_rows_passed(RowFault f) const {
+    if (f == no_fault) return false;
+    return !(c_.latent && (f == bad_dim_v || f == bad_tokens || f == null_rows));
+  }
+
   /// A row fault (or none). Rows over the pages need a token: an empty view covers no byte.
   RowFault row_fault(bool fault, bool four_d, index_t tokens) {
     if (!fault) return no_fault;
@@ -509,6 +530,7 @@ class Harness {
   };
   WriteRotary write_rotary(index_t first, index_t last, bool any, bool may_break) {
     WriteRotary r;
+    if (c_.latent) return r;  // write_latent takes rows as they are (MLA's rotary dims are the last ones)
     if (c_.head_dim < 2 || in_.ConsumeIntegralInRange(0, 2) != 0) return r;
     const index_t half = in_.ConsumeIntegralInRange<index_t>(1, c_.head_dim / 2);
     index_t rows = (any ? last + 1 : 1) + in_.ConsumeIntegralInRange(0, 2);
@@ -566,17 +588,20 @@ class Harness {
     const RotaryOptions& r = rot.tables.options;
     with_row_type([&]<class S>() {
       const Rows<S> k = make_rows<S>(rng_, 1, n, c_.heads_kv, c_.head_dim, in_.ConsumeBool(), magnitude());
-      const Rows<S> v = make_rows<S>(rng_, 1, n, c_.heads_kv, c_.head_dim_v, in_.ConsumeBool(), magnitude());
+      const Rows<S> v = c_.latent ? prefix_rows(k, c_.head_dim_v)
+                                  : make_rows<S>(rng_, 1, n, c_.heads_kv, c_.head_dim_v, in_.ConsumeBool(), magnitude());
       StridedView<const S, 3> kv = k.layer(0), vv = v.layer(0);
       break_rows(rf, kv, vv, cache_.k_pages(0).data);
-      const bool valid = known && layer >= 0 && layer < c_.num_layers && rf == no_fault &&
+      const bool valid = known && layer >= 0 && layer < c_.num_layers && !faults_rows_passed(rf) &&
                          model_.writable(seq(id), p0, n) && rot.valid;
       const std::string what = std::string(at ? "write_at " : "write ") + std::to_string(id) + " layer " +
                                std::to_string(layer) + " position0 " + std::to_string(p0) + " n " + std::to_string(n) +
                                " rows " + type_name<S>() + " fault " + row_fault_names[rf] + " rotary " +
                                rot.tables.describe() + (rot.valid ? "" : " (a row short)");
       const bool done = attempt(what, valid ? Outcome::ok : Outcome::invalid, [&] {
-        if (at) cache_.write(layer, id, p0, kv, vv, r);
+        if (c_.latent && at) cache_.write_latent(layer, id, p0, kv);
+        else if (c_.latent) cache_.write_latent(layer, id, kv);
+        else if (at) cache_.write(layer, id, p0, kv, vv, r);
         else cache_.write(layer, id, kv, vv, r);
       });
       if (done) write_model(id, layer, p0, k, v, 0, r);
@@ -595,12 +620,13 @@ class Harness {
     const RotaryOptions& r = rot.tables.options;
     with_row_type([&]<class S>() {
       const Rows<S> k = make_rows<S>(rng_, c_.num_layers, n, c_.heads_kv, c_.head_dim, in_.ConsumeBool(), magnitude());
-      const Rows<S> v = make_rows<S>(rng_, c_.num_layers, n, c_.heads_kv, c_.head_dim_v, in_.ConsumeBool(), magnitude());
+      const Rows<S> v = c_.latent ? prefix_rows(k, c_.head_dim_v)
+                                  : make_rows<S>(rng_, c_.num_layers, n, c_.heads_kv, c_.head_dim_v, in_.ConsumeBool(), magnitude());
       TensorView<const S> kv = k.view, vv = v.view;
       break_rows(rf, kv, vv, cache_.v_pages(c_.num_layers - 1).data);
       Outcome expected = Outcome::invalid;
       index_t needed = 0;
-      if (known && rf == no_fault && rot.valid) {  // (rotary is checked before the pages)
+      if (known && !faults_rows_passed(rf) && rot.valid) {  // (rotary is checked before the pages)
         needed = model_.pages_needed(seq(id), n);
         expected = needed > static_cast<index_t>(model_.free_list().size()) ? Outcome::out_of_pages : Outcome::ok;
       }
@@ -608,7 +634,11 @@ class Harness {
                                " fault " + row_fault_names[rf] + " rotary " + rot.tables.describe() +
                                (rot.valid ? "" : " (a row short)");
       const auto free_before = model_.free_list();
-      if (!attempt(what, expected, [&] { cache_.append(id, kv, vv, r); })) return;
+      if (!attempt(what, expected, [&] {
+            if (c_.latent) cache_.append_latent(id, kv);
+            else cache_.append(id, kv, vv, r);
+          }))
+        return;
       extend_model(id, n, free_before, needed, what);
       for (index_t l = 0; l < c_.num_layers; ++l) write_model(id, l, p0, k, v, l, r);
     });
@@ -813,13 +843,17 @@ class Harness {
     opt.num_splits = in_.ConsumeIntegralInRange<index_t>(0, 3);
     if constexpr (quantized) {
       opt.k_scale = cache_.k_scales(l);
-      opt.v_scale = cache_.v_scales(l);
+      if (!c_.latent) opt.v_scale = cache_.v_scales(l);  // (a latent's V: K's scales)
     }
-    say("forward_paged layer " + std::to_string(l) + " batch " + std::to_string(B) + " heads " + std::to_string(H) +
-        " splits " + std::to_string(opt.num_splits));
-    forward_paged(make_bshd<const Q>(q.data(), B, 1, H, D), cache_.k_pages(l), cache_.v_pages(l),
-                  tables.block_table_view(), tables.seqlens(), make_bshd(o.data(), B, 1, H, Dv),
-                  make_lse(lse.data(), B, H, 1), opt);
+    say(std::string(c_.latent ? "forward_paged_mla" : "forward_paged") + " layer " + std::to_string(l) + " batch " +
+        std::to_string(B) + " heads " + std::to_string(H) + " splits " + std::to_string(opt.num_splits));
+    if (c_.latent)
+      forward_paged_mla(make_bshd<const Q>(q.data(), B, 1, H, D), cache_.k_pages(l), tables.block_table_view(),
+                        tables.seqlens(), make_bshd(o.data(), B, 1, H, Dv), make_lse(lse.data(), B, H, 1), opt);
+    else
+      forward_paged(make_bshd<const Q>(q.data(), B, 1, H, D), cache_.k_pages(l), cache_.v_pages(l),
+                    tables.block_table_view(), tables.seqlens(), make_bshd(o.data(), B, 1, H, Dv),
+                    make_lse(lse.data(), B, H, 1), opt);
     for (Q x : o) of.push_back(to_float(x));
     for (index_t b = 0; b < B; ++b) {
       const Sequence& s = seq(ids[static_cast<std::size_t>(b)]);
@@ -1108,6 +1142,9 @@ KvCacheConfig read_config(FuzzedDataProvider& in, Storage type) {
     c.v_scale = fp8_scales(in, c);
   }
   c.layout = in.ConsumeBool() ? PageLayout::token_major : PageLayout::head_major;
+  // A quarter of the caches where head_dim_v <= head_dim: MLA's latent (KvCacheConfig::latent).
+  c.latent = in.ConsumeIntegralInRange(0, 3) == 0 && c.head_dim_v <= c.head_dim;
+  if (c.latent) c.v_scale.clear();  // k_scale scales V too
   return c;
 }
 
@@ -1167,7 +1204,7 @@ KV_CACHE_FUZZ_UNCOVERED std::string describe(const KvCacheConfig& c, Storage typ
   for (float x : c.k_scale) s += " " + std::to_string(x);
   s += " v_scale";
   for (float x : c.v_scale) s += " " + std::to_string(x);
-  return s;
+  return s + (c.latent ? " latent" : "");
 }
 
 }  // namespace
