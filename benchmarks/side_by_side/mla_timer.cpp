@@ -17,7 +17,9 @@
 #include <tileattn/tileattn.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -85,6 +87,32 @@ struct Step {
   double latent_bytes() const { return double(batch * keys * dim * sizeof(bf16)); }
 };
 
+/// MLA's output against attention in double over the same bf16 inputs (one sequence):
+/// the largest absolute difference over every head and value column.
+double max_error_against_double(const Step& step) {
+  const double scale = 1.0 / std::sqrt(double(dim));
+  double worst = 0;
+  std::vector<double> p(static_cast<std::size_t>(step.keys));
+  for (index_t h = 0; h < step.heads; ++h) {
+    const bf16* qh = step.q.data() + h * dim;
+    double top = -1e300;
+    for (index_t j = 0; j < step.keys; ++j) {
+      const bf16* kj = step.latent.data() + j * dim;
+      double s = 0;
+      for (index_t c = 0; c < dim; ++c) s += double(tileattn::to_float(qh[c])) * double(tileattn::to_float(kj[c]));
+      p[j] = s * scale, top = std::max(top, p[j]);
+    }
+    double sum = 0;
+    for (double& x : p) sum += (x = std::exp(x - top));
+    for (index_t c = 0; c < rank; ++c) {
+      double acc = 0;
+      for (index_t j = 0; j < step.keys; ++j) acc += p[j] * double(tileattn::to_float(step.latent[j * dim + c]));
+      worst = std::max(worst, std::abs(acc / sum - double(tileattn::to_float(step.o[h * rank + c]))));
+    }
+  }
+  return worst;
+}
+
 void compare(index_t batch, index_t keys, index_t heads, int threads, int repeats) {
   Step step(batch, keys, heads);
   tileattn::PagedOptions opt;
@@ -93,8 +121,11 @@ void compare(index_t batch, index_t keys, index_t heads, int threads, int repeat
   tileattn::PagedOptions counted = opt;
   counted.io_counts = &generic_io;
   step.generic(counted);
+  const std::vector<bf16> generic_o = step.o;
   counted.io_counts = &mla_io;
   step.mla(counted);
+  const bool same_bits = std::memcmp(generic_o.data(), step.o.data(), generic_o.size() * sizeof(bf16)) == 0;
+  const double error = batch == 1 && keys == 1024 ? max_error_against_double(step) : -1.0;
   std::vector<double> tg, tm, ratio;
   for (int r = 0; r < repeats; ++r) {
     double g = 0, m = 0;
@@ -113,6 +144,10 @@ void compare(index_t batch, index_t keys, index_t heads, int threads, int repeat
               flops / median(tm) / 1e9, double(generic_io.bytes_read) / step.latent_bytes(),
               double(mla_io.bytes_read) / step.latent_bytes(), t.packed_rows(), t.key_tile_rows,
               t.panels ? " in panels" : " (pairs, no panels)", plan.keys_per_split());
+  std::printf("    mla bits == generic bits: %s", same_bits ? "yes" : "NO");
+  if (error >= 0) std::printf("; max |O - O_double| %.2e (bf16 output rounding alone: <= 2^-8 of |O|)", error);
+  std::printf("\n");
+  if (!same_bits || error > 2e-2) std::exit(1);
 }
 
 }  // namespace
