@@ -43,6 +43,13 @@
 // head), start at 0 for a page taken from the free list, grow as values arrive, and are
 // copied with a page on copy-on-write.
 //
+// 4-bit caches. KvCache<q4_0_block>, <mxfp4_block> and <nvfp4_block> (core/
+// block_quantized_types.hpp) store blocks of 32 (16) 4-bit values with their scale inside:
+// the pools are [num_pages, page_size, heads_kv, head_dim / values_per_block] blocks
+// (head_dim and head_dim_v must be multiples of the block), write and append quantize rows
+// in float, bf16 or fp16 block by block (block_cache_write.hpp), and forward_paged reads the
+// pools with no scale options. NVFP4's tensor scale is 1 here.
+//
 // Rotary embedding. write and append take RotaryOptions (core/params.hpp: FlashAttention's
 // rotary_cos / rotary_sin tables and layout) and then write each K row rotated at its
 // position in the sequence (token t: position t), before an 8-bit cache quantizes it, so that
@@ -82,6 +89,7 @@
 #include <utility>
 #include <vector>
 
+#include "tileattn/block_cache_write.hpp"
 #include "tileattn/cache_write.hpp"
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/half_types.hpp"
@@ -123,17 +131,20 @@ using SequenceId = std::int64_t;
 
 template <class T>
 class KvCache {
-  static_assert(kv_storage_type<T>,
+  static_assert(kv_storage_type<T> || block_quantized_type<T>,
                 "tileattn: KvCache holds float, tileattn::bf16, tileattn::fp16, tileattn::fp8_e4m3, "
-                "tileattn::fp8_e5m2 or std::int8_t");
-  static constexpr bool quantized = quantized_type<T>;
+                "tileattn::fp8_e5m2, std::int8_t, tileattn::q4_0_block, mxfp4_block or nvfp4_block");
+  static constexpr bool quantized = quantized_type<T>;      // 8 bits, scales beside the pools
+  static constexpr bool blocks = block_quantized_type<T>;   // 4 bits, scales inside the blocks
+  static constexpr bool converts = quantized || blocks;     // rows arrive in float, bf16 or fp16
+  static constexpr index_t values_per_row_element = values_per_element<T>;
 
   /// Whether write() and append() take rows of RowK and RowV, const or not: T, or float, bf16
-  /// or fp16 for an 8-bit cache; the same type for K and V.
+  /// or fp16 for an 8-bit or 4-bit cache; the same type for K and V.
   template <class RowK, class RowV>
   static constexpr bool takes_rows =
       std::is_same_v<std::remove_const_t<RowK>, std::remove_const_t<RowV>> &&
-      (quantized ? storage_type<std::remove_const_t<RowK>> : std::is_same_v<std::remove_const_t<RowK>, T>);
+      (converts ? storage_type<std::remove_const_t<RowK>> : std::is_same_v<std::remove_const_t<RowK>, T>);
 
  public:
   /// Sequence lengths are int32 (cache_seqlens), and so are page ids (block tables).
@@ -157,7 +168,7 @@ class KvCache {
 
   explicit KvCache(const KvCacheConfig& config) : config_(checked(config)) {
     const auto pool = [&](index_t dim) {
-      const index_t elements = config_.num_pages * config_.page_size * config_.heads_kv * dim;
+      const index_t elements = config_.num_pages * config_.page_size * config_.heads_kv * (dim / values_per_row_element);
       return Pool(static_cast<std::size_t>(elements));
     };
     for (index_t l = 0; l < config_.num_layers; ++l) {
@@ -223,14 +234,14 @@ class KvCache {
   /// quantizes it; V as it is.
   void write(index_t layer, SequenceId sequence, index_t position0, StridedView<const T, 3> k_new,
              StridedView<const T, 3> v_new, const RotaryOptions& rotary = {})
-    requires(!quantized)
+    requires(!converts)
   {
     write_rows(layer, sequence, position0, k_new, v_new, rotary);
   }
   template <class RowK, class RowV>  // an 8-bit cache's rows, or rows of the wrong type (one clear error)
   void write(index_t layer, SequenceId sequence, index_t position0, const StridedView<RowK, 3>& k_rows,
              const StridedView<RowV, 3>& v_rows, const RotaryOptions& rotary = {})
-    requires(quantized || !takes_rows<RowK, RowV>)
+    requires(converts || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
     if constexpr (takes_rows<RowK, RowV>) {
@@ -243,14 +254,14 @@ class KvCache {
   /// write() of the last n = k_new.shape[0] positions: the ones extend(sequence, n) reserved.
   void write(index_t layer, SequenceId sequence, StridedView<const T, 3> k_new, StridedView<const T, 3> v_new,
              const RotaryOptions& rotary = {})
-    requires(!quantized)
+    requires(!converts)
   {
     write(layer, sequence, length(sequence) - k_new.shape[0], k_new, v_new, rotary);
   }
   template <class RowK, class RowV>
   void write(index_t layer, SequenceId sequence, const StridedView<RowK, 3>& k_new, const StridedView<RowV, 3>& v_new,
              const RotaryOptions& rotary = {})
-    requires(quantized || !takes_rows<RowK, RowV>)
+    requires(converts || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
     if constexpr (takes_rows<RowK, RowV>)
@@ -338,7 +349,9 @@ class KvCache {
                      StridedView<const S, 3> k_new, StridedView<const S, 3> v_new, const RotaryOptions& rotary) {
     std::vector<std::int64_t> positions(rotary.enabled() ? static_cast<std::size_t>(n) : 0);
     for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = position0 + static_cast<index_t>(i);
-    if constexpr (quantized) {
+    if constexpr (blocks) {
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, rotary, positions);
+    } else if constexpr (quantized) {
       write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, scales_view(k_scales_, layer),
                      scales_view(v_scales_, layer), rotary, positions);
     } else {
@@ -382,14 +395,14 @@ class KvCache {
   /// tables (as write). All or nothing.
   void append(SequenceId sequence, TensorView<const T> k_new, TensorView<const T> v_new,
               const RotaryOptions& rotary = {})
-    requires(!quantized)
+    requires(!converts)
   {
     append_rows(sequence, k_new, v_new, rotary);
   }
   template <class RowK, class RowV>
   void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows,
               const RotaryOptions& rotary = {})
-    requires(quantized || !takes_rows<RowK, RowV>)
+    requires(converts || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
     if constexpr (takes_rows<RowK, RowV>) {
@@ -597,6 +610,10 @@ class KvCache {
                          c.layout == PageLayout::head_major,
                      "layout", "must be PageLayout::automatic, token_major or head_major, got " +
                                    std::to_string(static_cast<int>(c.layout)));
+    for (const auto& [value, name] : {std::pair{c.head_dim, "head_dim"}, std::pair{c.head_dim_v, "head_dim_v"}})
+      TILEATTN_REQUIRE(value % values_per_row_element == 0, name,
+                       std::string("must be a multiple of ") + kv_type_name<T>() + "'s block of " +
+                           std::to_string(values_per_row_element) + " values, got " + std::to_string(value));
     c.layout = resolved_layout<T>(c.layout);
     if (c.latent) {
       TILEATTN_REQUIRE(c.head_dim_v <= c.head_dim, "head_dim_v",
@@ -628,8 +645,8 @@ class KvCache {
     const index_t vectors = 2 * static_cast<index_t>(cache_line_bytes + sizeof(Pool) + sizeof(std::vector<float>));
     const index_t scale_rows = !quantized ? 0 : adaptive_scale<T> ? c.num_pages : 1;  // per layer, K and V each
     return detail::CheckedSum{}
-        .add({c.num_pages, c.page_size, c.heads_kv, c.head_dim, size})
-        .add({c.num_pages, c.page_size, c.heads_kv, c.latent ? 0 : c.head_dim_v, size})
+        .add({c.num_pages, c.page_size, c.heads_kv, c.head_dim / values_per_row_element, size})
+        .add({c.num_pages, c.page_size, c.heads_kv, c.latent ? 0 : c.head_dim_v / values_per_row_element, size})
         .add({2, scale_rows, c.heads_kv, static_cast<index_t>(sizeof(float))})
         .add({vectors});
   }
@@ -656,7 +673,8 @@ class KvCache {
   auto pool_view(Pools& pools, index_t layer, index_t dim) const {
     check_layer(layer);
     auto& pool = pools[static_cast<std::size_t>(layer)];  // const when pools is
-    return make_page_pool(pool.data(), num_pages(), page_size(), config_.heads_kv, dim, config_.layout);
+    return make_page_pool(pool.data(), num_pages(), page_size(), config_.heads_kv, dim / values_per_row_element,
+                          config_.layout);
   }
 
   /// Views, extents and memory of new rows [..., num_tokens, heads_kv, head_dim(_v)].

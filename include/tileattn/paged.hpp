@@ -127,6 +127,22 @@ class PagedPlan {
 
 namespace detail {
 
+/// forward_paged's element types: check_element_types', or K and V in a 4-bit block type
+/// (core/block_quantized_types.hpp), which only the paged kernels read. Returns whether they are.
+template <class Q, class K, class V, class O>
+constexpr bool check_paged_element_types() {
+  using KV = std::remove_const_t<K>;
+  if constexpr (block_quantized_type<KV>) {
+    using T = std::remove_const_t<Q>;
+    static_assert(storage_type<T>, "tileattn: Q and O must hold float, tileattn::bf16 or tileattn::fp16");
+    static_assert(std::is_same_v<T, O>, "tileattn: O must have Q's element type (and must not be const)");
+    static_assert(std::is_same_v<KV, std::remove_const_t<V>>, "tileattn: K and V must have the same element type");
+    return storage_type<T> && std::is_same_v<T, O> && std::is_same_v<KV, std::remove_const_t<V>>;
+  } else {
+    return check_element_types<Q, K, V, O>();
+  }
+}
+
 template <class T, class KV>
 PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedOptions& options) {
   PagedPlan::Signature s;
@@ -134,7 +150,7 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
              p.causal, static_cast<index_t>(p.alignment), p.diagonal_offset.has_value(),
              p.diagonal_offset.value_or(0), p.window_left, p.window_right, p.attention_chunk,
              static_cast<index_t>(effective_sram_budget(options)), options.num_splits, options.batch_invariant,
-             static_cast<index_t>(kernels::tile_operands_for<T>()), options.shared_prefix,
+             static_cast<index_t>(kernels::tile_operands_for<T, KV>()), options.shared_prefix,
              options.shared_prefix_min_keys};
   for (index_t b = 0; b < p.batch(); ++b) {
     const SequenceRange seq = p.sequence(b);
@@ -176,7 +192,7 @@ template <class T, class KV, class Scores>
 PagedPlan make_paged_plan_scored(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
                                  const PagedOptions& options, const Scores& scores) {
   PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
-                  p.batch() * p.heads_kv(), kernels::tile_operands_for<T>()};
+                  p.batch() * p.heads_kv(), kernels::tile_operands_for<T, KV>()};
   shape.key_tile_limit = scores.key_tile_limit();
   const TilePlan tiles = forward_tiles(shape, options);
   const index_t heads_per_item = kernels::in_place_heads_per_item(p, tiles);
@@ -322,7 +338,7 @@ template <class Q, class K, class V, class O>
 PagedPlan plan_forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
                              BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                              const TensorView<O>& o, LseView lse, const PagedOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
+  detail::check_paged_element_types<Q, K, V, O>();
   const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
                                                                   o, lse, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
@@ -337,7 +353,7 @@ template <class Q, class K, class V, class O>
 void forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
                    BlockTableView block_table, std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o,
                    LseView lse, const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+  if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
     const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
                                                                     o, lse, options);
     const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
@@ -351,7 +367,7 @@ void forward_paged(const PagedPlan& plan, const TensorView<Q>& q, const TensorVi
                    const TensorView<V>& v_cache, BlockTableView block_table,
                    std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o, LseView lse,
                    const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+  if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
     const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
                                                                     o, lse, options);
     detail::run_paged(call.params, plan, options);
@@ -391,7 +407,7 @@ void forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, 
                           BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                           const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
                           const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+  if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
     const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
                                                                            cache_seqlens, o, lse, options);
     const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
@@ -405,7 +421,7 @@ PagedPlan plan_forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>&
                                     BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                                     const PackedView<O>& o, PackedLseView lse,
                                     std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
-  detail::check_element_types<Q, K, V, O>();
+  detail::check_paged_element_types<Q, K, V, O>();
   const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
                                                                          cache_seqlens, o, lse, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
@@ -417,7 +433,7 @@ void forward_paged_varlen(const PagedPlan& plan, const PackedView<Q>& q, const T
                           const TensorView<V>& v_cache, BlockTableView block_table,
                           std::span<const std::int32_t> cache_seqlens, const PackedView<O>& o, PackedLseView lse,
                           std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+  if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
     const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
                                                                            cache_seqlens, o, lse, options);
     detail::run_paged(call.params, plan, options);

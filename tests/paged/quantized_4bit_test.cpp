@@ -1,15 +1,23 @@
 // tests/paged/quantized_4bit_test.cpp: the 4-bit K/V block types (core/block_quantized_types.hpp):
 // q4_0, MXFP4 and NVFP4 codecs (every nibble, scale edge cases, round trips exact, ties to
-// even, NaN blocks), their byte layouts against the published formats.
+// even, NaN blocks), their byte layouts against the published formats; KvCache quantizing
+// on append; forward_paged over 4-bit caches against the double reference over the
+// dequantized K/V (decode and seqlen_q > 1, GQA, split-KV), bitwise the same for every
+// backend and thread count, the 4-bit bytes counted; and the validation of head_dim.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "reference/naive_attention.hpp"
+#include "support/test_support.hpp"
 #include "tileattn/core/block_quantized_types.hpp"
+#include "tileattn/kv_cache.hpp"
+#include "tileattn/paged.hpp"
 
 namespace tileattn::test {
 namespace {
@@ -191,6 +199,266 @@ TEST(Nvfp4, E4m3ScaleTimesTensorScale) {
   b = quantize_nvfp4(x.data(), 0.25f);  // the e4m3 scale is relative to the tensor's
   EXPECT_EQ(block_scale(b), 8.0f);
   EXPECT_EQ(dequantized(b, 0.25f)[2], 12.0f);
+}
+
+
+/// The statement throws tileattn::invalid_argument whose parameter() is `name`.
+#define EXPECT_THROW_NAMING(statement, name)                                              \
+  do {                                                                                    \
+    try {                                                                                 \
+      statement;                                                                          \
+      ADD_FAILURE() << "no exception; expected one naming " << (name);                    \
+    } catch (const tileattn::invalid_argument& e) {                                       \
+      EXPECT_EQ(e.parameter(), std::string(name)) << e.what();                            \
+    }                                                                                     \
+  } while (0)
+
+struct Shape4 {
+  index_t heads_q, heads_kv, head_dim, page_size, q_len;
+  std::vector<index_t> lengths;  // keys per sequence
+  bool causal = false;
+};
+
+/// A 4-bit cache holding random N(0, 1) K/V rows for each sequence of `s` (appended in two
+/// steps, so pages fill across appends), and every sequence's K/V read back dequantized.
+template <class B>
+struct FilledCache {
+  KvCache<B> cache;
+  std::vector<SequenceId> ids;
+  std::vector<std::vector<float>> k, v;  // per sequence: [len, heads_kv, head_dim], dequantized
+
+  FilledCache(const Shape4& s, std::mt19937& rng)
+      : cache(KvCacheConfig{.num_layers = 1, .num_pages = 400, .page_size = s.page_size, .heads_kv = s.heads_kv,
+                            .head_dim = s.head_dim}) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const index_t row = s.heads_kv * s.head_dim;
+    for (index_t len : s.lengths) {
+      const SequenceId id = cache.create();
+      ids.push_back(id);
+      for (const index_t n : {len / 2, len - len / 2}) {
+        if (n == 0) continue;
+        std::vector<float> kn(static_cast<std::size_t>(n * row)), vn(kn.size());
+        for (float& x : kn) x = normal(rng);
+        for (float& x : vn) x = normal(rng);
+        const std::array<index_t, 4> shape{1, n, s.heads_kv, s.head_dim};
+        const std::array<index_t, 4> stride{n * row, row, s.head_dim, 1};
+        cache.append(id, TensorView<const float>{kn.data(), shape, stride}, TensorView<const float>{vn.data(), shape, stride});
+      }
+      k.push_back(read_back(id, cache.k_pages(0), len, s));
+      v.push_back(read_back(id, cache.v_pages(0), len, s));
+    }
+  }
+
+  std::vector<float> read_back(SequenceId id, const PagePoolView<B>& pool, index_t len, const Shape4& s) const {
+    std::vector<float> out(static_cast<std::size_t>(len * s.heads_kv * s.head_dim));
+    const auto pages = cache.pages(id);
+    for (index_t t = 0; t < len; ++t)
+      for (index_t h = 0; h < s.heads_kv; ++h)
+        for (index_t c = 0; c < pool.shape[3]; ++c)
+          dequantize_block(pool(pages[static_cast<std::size_t>(t / s.page_size)], t % s.page_size, h, c),
+                           &out[static_cast<std::size_t>((t * s.heads_kv + h) * s.head_dim + c * B::values)]);
+    return out;
+  }
+};
+
+template <class Q>
+std::vector<Q> random_queries(std::size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<Q> q(n);
+  for (Q& x : q) x = from_float<Q>(normal(rng));
+  return q;
+}
+
+/// forward_paged over the cache; returns O (as float) and LSE.
+template <class Q, class B>
+std::pair<std::vector<float>, std::vector<float>> run_paged_4bit(const FilledCache<B>& f, const Shape4& s,
+                                                                 const std::vector<Q>& q, PagedOptions options) {
+  const auto batch = static_cast<index_t>(s.lengths.size());
+  const auto tables = f.cache.batch(f.ids);
+  std::vector<Q> o(q.size(), from_float<Q>(sentinel));
+  std::vector<float> lse(static_cast<std::size_t>(batch * s.heads_q * s.q_len), sentinel);
+  const std::array<index_t, 4> shape{batch, s.q_len, s.heads_q, s.head_dim};
+  const std::array<index_t, 4> stride{s.q_len * s.heads_q * s.head_dim, s.heads_q * s.head_dim, s.head_dim, 1};
+  options.causal = s.causal;
+  forward_paged(TensorView<const Q>{q.data(), shape, stride}, f.cache.k_pages(0), f.cache.v_pages(0),
+                tables.block_table_view(), tables.seqlens(), TensorView<Q>{o.data(), shape, stride},
+                LseView{lse.data(), {batch, s.heads_q, s.q_len}, {s.heads_q * s.q_len, s.q_len, 1}}, options);
+  std::vector<float> of(o.size());
+  for (std::size_t i = 0; i < o.size(); ++i) of[i] = to_float(o[i]);
+  return {of, lse};
+}
+
+/// The largest deviation of O and LSE from the double reference over the dequantized K/V
+/// (and Q as stored), sequence by sequence; fails on a NaN/Inf mismatch.
+template <class Q, class B>
+Deviation deviation_from_reference(const FilledCache<B>& f, const Shape4& s, const std::vector<Q>& q,
+                                   const std::vector<float>& o, const std::vector<float>& lse) {
+  Deviation worst;
+  const index_t hd = s.head_dim, qrow = s.heads_q * hd;
+  for (std::size_t b = 0; b < s.lengths.size(); ++b) {
+    const index_t len = s.lengths[b];
+    std::vector<float> qb(static_cast<std::size_t>(s.q_len * qrow));
+    for (std::size_t i = 0; i < qb.size(); ++i) qb[i] = to_float(q[b * qb.size() + i]);
+    const TensorView<const float> qv{qb.data(), {1, s.q_len, s.heads_q, hd}, {s.q_len * qrow, qrow, hd, 1}};
+    const std::array<index_t, 4> kshape{1, len, s.heads_kv, hd};
+    const std::array<index_t, 4> kstride{len * s.heads_kv * hd, s.heads_kv * hd, hd, 1};
+    reference::Options opt;
+    opt.causal = s.causal;
+    const auto ref = reference::attention(qv, TensorView<const float>{f.k[b].data(), kshape, kstride},
+                                          TensorView<const float>{f.v[b].data(), kshape, kstride}, opt);
+    const auto at = static_cast<index_t>(b);
+    const Deviation d = compare_to_reference(
+        ref, TensorView<const float>{o.data() + at * s.q_len * qrow, {1, s.q_len, s.heads_q, hd}, {s.q_len * qrow, qrow, hd, 1}},
+        LseView{const_cast<float*>(lse.data()) + at * s.heads_q * s.q_len, {1, s.heads_q, s.q_len}, {s.heads_q * s.q_len, s.q_len, 1}});
+    if (worst.problem.empty()) worst.problem = d.problem;
+    worst.o = std::max(worst.o, d.o);
+    worst.lse = std::max(worst.lse, d.lse);
+  }
+  return worst;
+}
+
+const std::vector<Shape4>& forward_shapes() {
+  static const std::vector<Shape4> shapes{
+      {4, 2, 64, 16, 1, {1, 17, 127, 300}},            // decode, GQA 2
+      {8, 2, 128, 7, 1, {1000}},                       // decode, GQA 4, pages of 7
+      {2, 2, 32, 16, 5, {17, 64}, true},               // a verify step: 5 queries, causal
+      {3, 1, 96, 5, 17, {17, 40}, true},               // chunked prefill, MQA, d = 3 blocks
+  };
+  return shapes;
+}
+
+template <class B>
+class BlockForward : public ::testing::Test {};
+TYPED_TEST_SUITE(BlockForward, BlockTypes);
+
+TYPED_TEST(BlockForward, MatchesReferenceOverDequantizedKv) {
+  using B = TypeParam;
+  std::mt19937 rng(3);
+  for (const Shape4& s : forward_shapes()) {
+    if (s.head_dim % B::values != 0) continue;
+    SCOPED_TRACE("d " + std::to_string(s.head_dim) + " q_len " + std::to_string(s.q_len));
+    const FilledCache<B> f(s, rng);
+    const auto q = random_queries<float>(s.lengths.size() * static_cast<std::size_t>(s.q_len * s.heads_q * s.head_dim), rng);
+    const auto [o, lse] = run_paged_4bit(f, s, q, {});
+    const Deviation d = deviation_from_reference(f, s, q, o, lse);
+    EXPECT_EQ(d.problem, "");
+    EXPECT_LE(d.o, forward_o_tolerance);
+    EXPECT_LE(d.lse, forward_lse_tolerance);
+  }
+}
+
+// bf16 Q and O over a 4-bit cache: float tiles inside, O rounded once to bf16.
+TYPED_TEST(BlockForward, Bf16QueriesMatchReferenceToBf16Rounding) {
+  using B = TypeParam;
+  std::mt19937 rng(5);
+  const Shape4 s{4, 2, 64, 16, 2, {33, 200}, true};
+  const FilledCache<B> f(s, rng);
+  const auto q = random_queries<bf16>(2 * static_cast<std::size_t>(s.q_len * s.heads_q * s.head_dim), rng);
+  const auto [o, lse] = run_paged_4bit(f, s, q, {});
+  const Deviation d = deviation_from_reference(f, s, q, o, lse);
+  EXPECT_EQ(d.problem, "");
+  EXPECT_LE(d.o, 1.0 / 128);  // |O| < 4: half a bf16 ulp plus fp32 accumulation
+  EXPECT_LE(d.lse, forward_lse_tolerance);
+}
+
+// Split-KV chunks and merges (num_splits) stay within the reference's tolerance; every
+// backend and thread count gives the same bits.
+TYPED_TEST(BlockForward, SplitKvAndEveryBackendAgree) {
+  using B = TypeParam;
+  std::mt19937 rng(9);
+  const Shape4 s{8, 2, 64, 16, 1, {700, 45}};
+  const FilledCache<B> f(s, rng);
+  const auto q = random_queries<float>(2 * static_cast<std::size_t>(s.heads_q * s.head_dim), rng);
+  PagedOptions split;
+  split.num_splits = 4;
+  const auto [o, lse] = run_paged_4bit(f, s, q, split);
+  const Deviation d = deviation_from_reference(f, s, q, o, lse);
+  EXPECT_EQ(d.problem, "");
+  EXPECT_LE(d.o, forward_o_tolerance);
+  for (const index_t splits : {1, 4}) {
+    PagedOptions serial;
+    serial.num_splits = splits;
+    serial.execution = {Backend::serial, 1};
+    const auto first = run_paged_4bit(f, s, q, serial);
+    for (const Backend backend : compiled_backends())
+      for (int threads : {1, 2, 3}) {
+        PagedOptions options = serial;
+        options.execution = {backend, threads};
+        const auto again = run_paged_4bit(f, s, q, options);
+        EXPECT_TRUE(bitwise_equal(first.first, again.first)) << "splits " << splits << " threads " << threads;
+        EXPECT_TRUE(bitwise_equal(first.second, again.second)) << "splits " << splits << " threads " << threads;
+      }
+  }
+}
+
+// The counters see the 4-bit bytes: each K and V block once per K/V head (a decode item
+// packs its query heads), scales included, besides Q, O and LSE.
+TYPED_TEST(BlockForward, CountsBlockBytes) {
+  using B = TypeParam;
+  std::mt19937 rng(13);
+  const Shape4 s{4, 2, 64, 16, 1, {129}};
+  const FilledCache<B> f(s, rng);
+  const auto q = random_queries<float>(static_cast<std::size_t>(s.heads_q * s.head_dim), rng);
+  IoCounts counts;
+  PagedOptions options;
+  options.num_splits = 1;
+  options.io_counts = &counts;
+  run_paged_4bit(f, s, q, options);
+  const std::uint64_t kv = 2ull * 129 * s.heads_kv * (s.head_dim / B::values) * sizeof(B);
+  const std::uint64_t q_bytes = static_cast<std::uint64_t>(s.heads_q * s.head_dim) * sizeof(float);
+  EXPECT_EQ(counts.bytes_read, kv + q_bytes);
+  EXPECT_EQ(counts.bytes_written, q_bytes + s.heads_q * sizeof(float));  // O and LSE
+}
+
+// A NaN K or V input makes its block NaN, and the rows that see it NaN (never finite).
+TYPED_TEST(BlockForward, NaNInputMakesTheRowsThatSeeItNaN) {
+  using B = TypeParam;
+  const index_t d = 64;
+  KvCache<B> cache({.num_layers = 1, .num_pages = 4, .page_size = 4, .heads_kv = 1, .head_dim = d});
+  const SequenceId id = cache.create();
+  std::vector<float> k(5 * d, 0.5f), v(5 * d, 0.25f);
+  k[3 * d + 7] = std::numeric_limits<float>::quiet_NaN();
+  const std::array<index_t, 4> shape{1, 5, 1, d};
+  const std::array<index_t, 4> stride{5 * d, d, d, 1};
+  cache.append(id, TensorView<const float>{k.data(), shape, stride}, TensorView<const float>{v.data(), shape, stride});
+  const auto tables = cache.batch(std::vector{id});
+  std::vector<float> q(2 * d, 0.1f), o(2 * d, sentinel);
+  PagedOptions options;
+  options.causal = true;  // query i sees keys 0..i + 2: query 0 not key 3 (the NaN), query 1 it
+  options.diagonal_offset = 2;
+  forward_paged(TensorView<const float>{q.data(), {1, 2, 1, d}, {2 * d, d, d, 1}}, cache.k_pages(0), cache.v_pages(0),
+                tables.block_table_view(), tables.seqlens(), TensorView<float>{o.data(), {1, 2, 1, d}, {2 * d, d, d, 1}},
+                options);
+  EXPECT_FALSE(std::isnan(o[0])) << "query 0 sees keys 0..2 only";
+  EXPECT_TRUE(std::isnan(o[d])) << "query 1 sees key 3";
+}
+
+TYPED_TEST(BlockForward, RejectsHeadDimNotAMultipleOfTheBlock) {
+  using B = TypeParam;
+  EXPECT_THROW_NAMING((KvCache<B>{{.num_pages = 2, .page_size = 4, .heads_kv = 1, .head_dim = B::values + 8}}),
+                      "head_dim");
+  EXPECT_THROW_NAMING(
+      (KvCache<B>{{.num_pages = 2, .page_size = 4, .heads_kv = 1, .head_dim = 64, .head_dim_v = 40}}), "head_dim_v");
+  KvCache<B> cache({.num_layers = 1, .num_pages = 2, .page_size = 4, .heads_kv = 1, .head_dim = 64});
+  const SequenceId id = cache.create();
+  std::vector<float> rows(64, 1.0f), q(48, 1.0f), o(64, sentinel);
+  cache.append(id, TensorView<const float>{rows.data(), {1, 1, 1, 64}, {64, 64, 64, 1}},
+               TensorView<const float>{rows.data(), {1, 1, 1, 64}, {64, 64, 64, 1}});
+  const auto tables = cache.batch(std::vector{id});
+  EXPECT_THROW_NAMING(forward_paged(TensorView<const float>{q.data(), {1, 1, 1, 48}, {48, 48, 48, 1}},
+                                    cache.k_pages(0), cache.v_pages(0), tables.block_table_view(), tables.seqlens(),
+                                    TensorView<float>{o.data(), {1, 1, 1, 48}, {48, 48, 48, 1}}),
+                      "q.shape[3] (head_dim)");
+  EXPECT_EQ(o[0], sentinel);
+  const float scale = 2.0f;
+  PagedOptions with_scale;
+  with_scale.k_scale = per_tensor_scale(&scale);
+  std::vector<float> q64(64, 1.0f);
+  EXPECT_THROW_NAMING(forward_paged(TensorView<const float>{q64.data(), {1, 1, 1, 64}, {64, 64, 64, 1}},
+                                    cache.k_pages(0), cache.v_pages(0), tables.block_table_view(), tables.seqlens(),
+                                    TensorView<float>{o.data(), {1, 1, 1, 64}, {64, 64, 64, 1}}, with_scale),
+                      "k_scale");
+  EXPECT_EQ(o[0], sentinel);
 }
 
 }  // namespace

@@ -233,8 +233,9 @@ B quantize_block(const float* x, float tensor_scale = 1.0f) {
   else return quantize_nvfp4(x, tensor_scale);
 }
 
+/// The block type's name (kv_type_name of core/quantized_types.hpp, for 4-bit blocks).
 template <block_quantized_type B>
-constexpr const char* block_type_name() {
+constexpr const char* kv_type_name() {
   if constexpr (std::is_same_v<B, q4_0_block>) return "q4_0";
   else if constexpr (std::is_same_v<B, mxfp4_block>) return "mxfp4";
   else return "nvfp4";

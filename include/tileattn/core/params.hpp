@@ -13,6 +13,7 @@
 
 #include "tileattn/core/execution.hpp"
 #include "tileattn/core/io_counts.hpp"
+#include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/strided_view.hpp"
 
@@ -162,7 +163,8 @@ struct SequenceRange {
   index_t k_start, k_len;
 };
 
-/// T: the storage type of Q and O; KV: of K and V (T, or an 8-bit type with scales).
+/// T: the storage type of Q and O; KV: of K and V (T, an 8-bit type with scales, or a 4-bit
+/// block type, whose K/V views index blocks: head_dim / values_per_element<KV> of them a row).
 template <class T, class KV = T>
 struct ForwardParams : ScoreOptions {
   using kv_type = KV;
@@ -205,7 +207,7 @@ struct ForwardParams : ScoreOptions {
   index_t heads_kv() const { return k.shape[dim::heads]; }
   index_t group_size() const { return heads() / heads_kv(); }
   index_t head_dim() const { return q.shape[dim::head_dim]; }    // Q and K
-  index_t head_dim_v() const { return v.shape[dim::head_dim]; }  // V and O
+  index_t head_dim_v() const { return v.shape[dim::head_dim] * values_per_element<KV>; }  // V and O (4-bit V: blocks of values)
 
   SequenceRange sequence(index_t b) const {
     SequenceRange s{b, 0, q.shape[dim::seqlen], 0, k.shape[dim::seqlen]};

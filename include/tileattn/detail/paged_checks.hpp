@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/detail/forward_checks.hpp"
 #include "tileattn/detail/view_checks.hpp"
@@ -28,6 +29,19 @@ void check_page_pools(const TensorView<const T>& k, const TensorView<const T>& v
   check_head_dim(v.shape[dim::head_dim], "head_dim_v");
 }
 
+/// A 4-bit pool's rows of blocks against q's (or o's) head_dim: blocks x values_per_block.
+template <class KV, class T>
+void check_block_head_dim(const TensorView<const KV>& pool, const char* pool_name, const T& rows,
+                          const char* rows_name, const char* meaning) {
+  constexpr index_t values = values_per_element<KV>;
+  const index_t want = pool.shape[dim::head_dim] * values, got = rows.shape[dim::head_dim];
+  TILEATTN_REQUIRE(got == want, dim_name(rows_name, "shape", dim::head_dim, meaning),
+                   "must equal " + std::string(pool_name) + ".shape[3] = " + std::to_string(pool.shape[dim::head_dim]) +
+                       " blocks x " + std::to_string(values) + " values (" + kv_type_name<KV>() + ") = " +
+                       std::to_string(want) + ", got " + std::to_string(got) +
+                       (got % values != 0 ? " (not a multiple of the block size)" : ""));
+}
+
 /// q [batch or 1, seqlen_q, heads_q, head_dim] and o (head_dim_v) against the pools.
 template <class T, class KV>
 void check_paged_queries(const TensorView<const T>& q, const TensorView<T>& o,
@@ -35,8 +49,13 @@ void check_paged_queries(const TensorView<const T>& q, const TensorView<T>& o,
   check_view(q, "q", padded_layout.names, {false, varlen, false, false});
   check_view(o, "o", padded_layout.names, {false, varlen, false, false});
   for (std::size_t d = 0; d < 3; ++d) check_same_extent(q, "q", o, "o", d, padded_layout.names[d]);
-  check_same_extent(v, "v_cache", o, "o", dim::head_dim, "head_dim_v");
-  check_same_extent(k, "k_cache", q, "q", dim::head_dim, "head_dim");
+  if constexpr (block_quantized_type<KV>) {  // pools of 4-bit blocks: head_dim / values_per_block a row
+    check_block_head_dim(k, "k_cache", q, "q", "head_dim");
+    check_block_head_dim(v, "v_cache", o, "o", "head_dim_v");
+  } else {
+    check_same_extent(v, "v_cache", o, "o", dim::head_dim, "head_dim_v");
+    check_same_extent(k, "k_cache", q, "q", dim::head_dim, "head_dim");
+  }
   TILEATTN_REQUIRE(q.shape[dim::heads] % k.shape[dim::heads] == 0, "k_cache.shape[2] (heads_kv)",
           "num_heads_q = " + std::to_string(q.shape[dim::heads]) + " must be a multiple of num_heads_kv = " +
               std::to_string(k.shape[dim::heads]));

@@ -11,6 +11,8 @@
 // like any storage type; their scales, per (sequence or page, K/V head), multiply a key
 // tile's scores (K) and probabilities (V) (TileScales). Where V is K's first columns (MLA's
 // latent, ForwardParams::v_in_k), a key tile is read once: V's tile is made from K's in SRAM.
+// 4-bit K and V (blocks of values with their scale inside, core/block_quantized_types.hpp)
+// dequantize exactly into float tiles as they load, so the loop never sees their scales.
 #pragma once
 
 #include <algorithm>
@@ -54,7 +56,8 @@ inline constexpr index_t in_place_max_rows = 16;
 /// sequence's shape alone, so every tiling and thread count agrees.
 template <class T, class KV>
 bool reads_kv_in_place(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
-  return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
+  if constexpr (block_quantized_type<KV>) return false;  // no product reads 4-bit blocks in place yet
+  else return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
          seq.q_len * p.group_size() <= in_place_max_rows;
 }
 
@@ -595,10 +598,12 @@ std::size_t in_place_bytes_of(const ForwardParams<T, KV>& p, const TilePlan& pla
 template <class Kv, class T, class KV, class Scores, class Io>
 void run_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, std::size_t in_place_bytes,
               const Scores& scores, Io& counter) {
-  if (reads_kv_in_place(p, blk.range)) {
-    forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
-  } else {
-    with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
+  if constexpr (!block_quantized_type<KV>) {
+    if (reads_kv_in_place(p, blk.range))
+      return forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
+  }
+  {
+    with_tile_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
       auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
                                            plan.key_tile_rows, p.head_dim(), p.head_dim_v(), plan.panels);
       forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "tileattn/arch/native.hpp"
+#include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/core/types.hpp"
@@ -40,16 +41,22 @@ TileOperands tile_operands_here() {
 }
 
 /// f(std::type_identity<Op>{}) for T's operand type Op (tile_operand_t<T>, or its run-time
-/// choice under dispatch: bf16 pairs where the running set multiplies them).
-template <class T, class F>
+/// choice under dispatch: bf16 pairs where the running set multiplies them). 4-bit block K/V
+/// (KV) take float tiles whatever T is: a q4_0 value (q - 8) * d has up to 14 significant bits,
+/// exact in float but not in bf16 (core/block_quantized_types.hpp).
+template <class T, class KV = T, class F>
 decltype(auto) with_tile_operand(F&& f) {
+  if constexpr (block_quantized_type<KV>) {
+    return f(std::type_identity<float>{});
+  } else {
 #if TILEATTN_ARCH_DISPATCH
-  if constexpr (std::is_same_v<T, bf16>)
-    if (arch::native::bf16_dot_product()) return f(std::type_identity<bf16x2>{});
-  return f(std::type_identity<float>{});
+    if constexpr (std::is_same_v<T, bf16>)
+      if (arch::native::bf16_dot_product()) return f(std::type_identity<bf16x2>{});
+    return f(std::type_identity<float>{});
 #else
-  return f(std::type_identity<tile_operand_t<T>>{});
+    return f(std::type_identity<tile_operand_t<T>>{});
 #endif
+  }
 }
 
 /// tile_operands_v of T's operand type in this process, whatever arch::native is (fixed or
@@ -59,10 +66,10 @@ TileOperands tile_operands_without_panels() {
   return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_v<Op>; });
 }
 
-/// tile_operands_v of T's operand type in this process.
-template <class T>
+/// tile_operands_v of T's operand type in this process (with K/V in KV).
+template <class T, class KV = T>
 TileOperands tile_operands_for() {
-  return with_tile_operand<T>([]<class Op>(std::type_identity<Op>) { return tile_operands_here<Op>(); });
+  return with_tile_operand<T, KV>([]<class Op>(std::type_identity<Op>) { return tile_operands_here<Op>(); });
 }
 
 /// The [len, head_dim] matrix of one head of one sequence.

@@ -12,7 +12,8 @@
 // page run through the same loads: a paged cache is a different load, not another kernel.
 // 8-bit K and V (core/quantized_types.hpp) load like the 16-bit types, converted exactly
 // (every fp8 and int8 value is a bf16 and a float); their scales come as a per-key vector
-// (load_scales) that the kernel folds into the scores and probabilities.
+// (load_scales) that the kernel folds into the scores and probabilities. 4-bit K and V
+// (blocks with their scales inside) load into float tiles through memory/block_tile_io.hpp.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "tileattn/core/scale_source.hpp"
 #include "tileattn/core/strided_view.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/memory/block_tile_io.hpp"
 
 namespace tileattn {
 
@@ -209,7 +211,8 @@ void load_rows_pairwise(Tile<bf16x2>& dst, const Src& src, index_t row0, index_t
 /// V pairs rows across page boundaries, so it reads row by row (load_rows_pairwise above).
 template <class D, class S, class Io>
 void load_rows(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_t rows, Io& io) {
-  dst.set_extent(rows, std::is_same_v<typename D::element_type, bf16x2> ? (src.cols + 1) / 2 : src.cols);
+  const index_t cols = src.cols * values_per_element<S>;  // 4-bit blocks: their values
+  dst.set_extent(rows, std::is_same_v<typename D::element_type, bf16x2> ? (cols + 1) / 2 : cols);
   src.for_each_page_run(row0, rows, [&](const MatrixView<const S>& run, index_t at) {
     D part = dst.slice_rows(at, run.rows);
     load_rows(part, run, 0, run.rows, io);
@@ -219,7 +222,8 @@ void load_rows(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_
 template <class D, class S, class Io>
 void load_rows_transposed(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_t rows,
                           Io& io) {
-  dst.set_extent(std::is_same_v<typename D::element_type, bf16x2> ? (src.cols + 1) / 2 : src.cols, rows);
+  const index_t cols = src.cols * values_per_element<S>;  // 4-bit blocks: their values
+  dst.set_extent(std::is_same_v<typename D::element_type, bf16x2> ? (cols + 1) / 2 : cols, rows);
   src.for_each_page_run(row0, rows, [&](const MatrixView<const S>& run, index_t at) {
     D part = dst.slice_cols(at, run.rows);
     load_rows_transposed(part, run, 0, run.rows, io);

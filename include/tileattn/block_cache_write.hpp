@@ -1,0 +1,102 @@
+// tileattn/block_cache_write.hpp: write_kv_slots into 4-bit page pools (q4_0, MXFP4,
+// NVFP4 blocks: core/block_quantized_types.hpp), quantizing each new row as it is written.
+//
+// A 4-bit pool is [num_pages, page_size, heads_kv, head_dim / values_per_block] blocks; new
+// rows are [num_tokens, heads_kv, head_dim] in float, bf16 or fp16, head_dim a multiple of
+// the block's value count. Each block of a row takes its own scale from its own values
+// (the codec's rule), so a write touches only the slots it writes: no page scale grows and
+// no earlier row is ever requantized (unlike int8's per-page scales, cache_write.hpp).
+// Rotary tables rotate each K row in float at its position before it is quantized. Checked
+// as write_kv_slots; a bad argument throws tileattn::invalid_argument naming it, with
+// nothing written.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tileattn/cache_write.hpp"
+#include "tileattn/core/block_quantized_types.hpp"
+
+namespace tileattn {
+
+namespace detail {
+
+/// rows [num_tokens, heads_kv, head_dim] against a block pool: heads_kv equal, head_dim =
+/// the pool's blocks x values_per_block.
+template <block_quantized_type B, class S>
+void check_rows_match_block_pool(const StridedView<const S, 3>& rows, const char* rows_name,
+                                 const std::array<const char*, 3>& rows_dims, const PagePoolView<B>& pool,
+                                 const char* pool_name) {
+  TILEATTN_REQUIRE(rows.shape[1] == pool.shape[2], dim_name(rows_name, "shape", 1, rows_dims[1]),
+                   "must equal " + std::string(pool_name) + ".shape[2] = " + std::to_string(pool.shape[2]) +
+                       ", got " + std::to_string(rows.shape[1]));
+  const index_t want = pool.shape[3] * B::values;
+  TILEATTN_REQUIRE(rows.shape[2] == want, dim_name(rows_name, "shape", 2, rows_dims[2]),
+                   "must equal " + std::string(pool_name) + ".shape[3] = " + std::to_string(pool.shape[3]) +
+                       " blocks x " + std::to_string(B::values) + " values (" + kv_type_name<B>() + ") = " +
+                       std::to_string(want) + ", got " + std::to_string(rows.shape[2]));
+}
+
+/// pool[page, row, h, :] = rows[token, h, :] quantized block by block, each head's row first
+/// rotated in float at `position` when `rotary` is set (x: scratch of head_dim floats).
+template <block_quantized_type B, class S>
+void quantize_token_blocks(const StridedView<const S, 3>& rows, index_t token, const PagePoolView<B>& pool,
+                           index_t page, index_t row, const RotaryOptions& rotary, index_t position, float* x) {
+  for (index_t h = 0; h < rows.shape[1]; ++h) {
+    head_row(rows, token, h, x);
+    if (rotary.enabled()) ops::rotate_row(rotary, x, position);
+    for (index_t c = 0; c < pool.shape[3]; ++c) pool(page, row, h, c) = quantize_block<B>(x + c * B::values);
+  }
+}
+
+}  // namespace detail
+
+/// write_kv_slots into 4-bit block pools: token i's rows (float, bf16 or fp16) quantized
+/// into slot slot_mapping[i] (-1: skipped), K rotated at positions[i] first when `rotary`
+/// has tables. Pools [num_pages, page_size, heads_kv, head_dim(_v) / values_per_block].
+template <block_quantized_type B, class SK, class SV>
+void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<B> k_cache,
+                    PagePoolView<B> v_cache, std::span<const std::int64_t> slot_mapping,
+                    const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {}) {
+  using S = std::remove_const_t<SK>;
+  static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
+                "tileattn: write_kv_slots: new K and V rows for a 4-bit cache must both hold float, bf16 or fp16");
+  const StridedView<const S, 3> k_rows = k_new, v_rows = v_new;
+  detail::check_view(k_rows, "k_new", detail::new_k_dims, detail::tokens_may_be_empty);
+  detail::check_view(v_rows, "v_new", detail::new_v_dims, detail::tokens_may_be_empty);
+  detail::check_view(k_cache, "k_cache", detail::k_pool_dims);
+  detail::check_view(v_cache, "v_cache", detail::v_pool_dims);
+  detail::check_no_self_overlap(k_cache, "k_cache");
+  detail::check_no_self_overlap(v_cache, "v_cache");
+  detail::check_same_extent(k_cache, "k_cache", v_cache, "v_cache", 0, "num_pages");
+  detail::check_same_extent(k_cache, "k_cache", v_cache, "v_cache", 1, "page_size");
+  detail::check_same_extent(k_rows, "k_new", v_rows, "v_new", 0, "num_tokens");
+  detail::check_rows_match_block_pool(k_rows, "k_new", detail::new_k_dims, k_cache, "k_cache");
+  detail::check_rows_match_block_pool(v_rows, "v_new", detail::new_v_dims, v_cache, "v_cache");
+  for (const auto& [pool, name] : {std::pair{k_cache, "k_cache"}, std::pair{v_cache, "v_cache"}}) {
+    detail::check_disjoint(pool, name, k_rows, "k_new");
+    detail::check_disjoint(pool, name, v_rows, "v_new");
+    detail::check_disjoint(pool, name, detail::array_view(slot_mapping), "slot_mapping");
+    detail::check_apart_from_rotary(rotary, positions, pool, name);
+  }
+  detail::check_no_shared_element(v_cache, "v_cache", k_cache, "k_cache");
+  const index_t page_size = k_cache.shape[1];
+  detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_cache.shape[0] * page_size);
+  detail::check_rotary_write(rotary, positions, slot_mapping, k_rows.shape[0], k_rows.shape[2], "k_new");
+  std::vector<float> x(static_cast<std::size_t>(std::max(k_rows.shape[2], v_rows.shape[2])));
+  for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
+    const std::int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    const auto token = static_cast<index_t>(i);
+    const index_t position = rotary.enabled() ? positions[i] : 0;
+    detail::quantize_token_blocks(k_rows, token, k_cache, slot / page_size, slot % page_size, rotary, position,
+                                  x.data());
+    detail::quantize_token_blocks(v_rows, token, v_cache, slot / page_size, slot % page_size, RotaryOptions{}, 0,
+                                  x.data());
+  }
+}
+
+}  // namespace tileattn
