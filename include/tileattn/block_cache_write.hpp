@@ -6,7 +6,10 @@
 // the block's value count. Each block of a row takes its own scale from its own values
 // (the codec's rule), so a write touches only the slots it writes: no page scale grows and
 // no earlier row is ever requantized (unlike int8's per-page scales, cache_write.hpp).
-// Rotary tables rotate each K row in float at its position before it is quantized. Checked
+// Rotary tables rotate each K row in float at its position before it is quantized; with
+// `hadamard`, each K row (after rotary) and each V row is then turned by the normalised
+// Walsh-Hadamard transform (ops/hadamard.hpp), which spreads outlier channels over the row
+// before the blocks take their scales (forward_paged's options.hadamard undoes it). Checked
 // as write_kv_slots; a bad argument throws tileattn::invalid_argument naming it, with
 // nothing written.
 #pragma once
@@ -19,6 +22,7 @@
 
 #include "tileattn/cache_write.hpp"
 #include "tileattn/core/block_quantized_types.hpp"
+#include "tileattn/ops/hadamard.hpp"
 
 namespace tileattn {
 
@@ -41,13 +45,16 @@ void check_rows_match_block_pool(const StridedView<const S, 3>& rows, const char
 }
 
 /// pool[page, row, h, :] = rows[token, h, :] quantized block by block, each head's row first
-/// rotated in float at `position` when `rotary` is set (x: scratch of head_dim floats).
+/// rotated in float at `position` when `rotary` is set, then by H when `hadamard` is (x:
+/// scratch of head_dim floats).
 template <block_quantized_type B, class S>
 void quantize_token_blocks(const StridedView<const S, 3>& rows, index_t token, const PagePoolView<B>& pool,
-                           index_t page, index_t row, const RotaryOptions& rotary, index_t position, float* x) {
+                           index_t page, index_t row, const RotaryOptions& rotary, index_t position, bool hadamard,
+                           float* x) {
   for (index_t h = 0; h < rows.shape[1]; ++h) {
     head_row(rows, token, h, x);
     if (rotary.enabled()) ops::rotate_row(rotary, x, position);
+    if (hadamard) ops::hadamard_row(x, rows.shape[2]);
     for (index_t c = 0; c < pool.shape[3]; ++c) pool(page, row, h, c) = quantize_block<B>(x + c * B::values);
   }
 }
@@ -56,11 +63,13 @@ void quantize_token_blocks(const StridedView<const S, 3>& rows, index_t token, c
 
 /// write_kv_slots into 4-bit block pools: token i's rows (float, bf16 or fp16) quantized
 /// into slot slot_mapping[i] (-1: skipped), K rotated at positions[i] first when `rotary`
-/// has tables. Pools [num_pages, page_size, heads_kv, head_dim(_v) / values_per_block].
+/// has tables, then K and V by H when `hadamard` is (head_dim and head_dim_v powers of two).
+/// Pools [num_pages, page_size, heads_kv, head_dim(_v) / values_per_block].
 template <block_quantized_type B, class SK, class SV>
 void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<B> k_cache,
                     PagePoolView<B> v_cache, std::span<const std::int64_t> slot_mapping,
-                    const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {}) {
+                    const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {},
+                    bool hadamard = false) {
   using S = std::remove_const_t<SK>;
   static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
                 "tileattn: write_kv_slots: new K and V rows for a 4-bit cache must both hold float, bf16 or fp16");
@@ -86,6 +95,9 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
   const index_t page_size = k_cache.shape[1];
   detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_cache.shape[0] * page_size);
   detail::check_rotary_write(rotary, positions, slot_mapping, k_rows.shape[0], k_rows.shape[2], "k_new");
+  for (const index_t d : {k_rows.shape[2], v_rows.shape[2]})
+    TILEATTN_REQUIRE(!hadamard || ops::hadamard_length(d), "hadamard",
+                     "needs power-of-two head dims, got " + std::to_string(d));
   std::vector<float> x(static_cast<std::size_t>(std::max(k_rows.shape[2], v_rows.shape[2])));
   for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
     const std::int64_t slot = slot_mapping[i];
@@ -93,9 +105,9 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
     const auto token = static_cast<index_t>(i);
     const index_t position = rotary.enabled() ? positions[i] : 0;
     detail::quantize_token_blocks(k_rows, token, k_cache, slot / page_size, slot % page_size, rotary, position,
-                                  x.data());
+                                  hadamard, x.data());
     detail::quantize_token_blocks(v_rows, token, v_cache, slot / page_size, slot % page_size, RotaryOptions{}, 0,
-                                  x.data());
+                                  hadamard, x.data());
   }
 }
 

@@ -125,6 +125,11 @@ struct KvCacheConfig {
   /// cache's v_scales() are its k_scales()); write_latent and append_latent write the rows,
   /// write and append throw. fp8: k_scale only.
   bool latent = false;
+  /// 4-bit caches: write and append turn K (after rotary) and V by the normalised
+  /// Walsh-Hadamard transform before quantizing (ops/hadamard.hpp: outlier channels spread
+  /// over the row); forward_paged then needs options.hadamard. head_dim and head_dim_v must
+  /// be powers of two.
+  bool hadamard = false;
 };
 
 using SequenceId = std::int64_t;
@@ -350,7 +355,7 @@ class KvCache {
     std::vector<std::int64_t> positions(rotary.enabled() ? static_cast<std::size_t>(n) : 0);
     for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = position0 + static_cast<index_t>(i);
     if constexpr (blocks) {
-      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, rotary, positions);
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, rotary, positions, config_.hadamard);
     } else if constexpr (quantized) {
       write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, scales_view(k_scales_, layer),
                      scales_view(v_scales_, layer), rotary, positions);
@@ -614,6 +619,11 @@ class KvCache {
       TILEATTN_REQUIRE(value % values_per_row_element == 0, name,
                        std::string("must be a multiple of ") + kv_type_name<T>() + "'s block of " +
                            std::to_string(values_per_row_element) + " values, got " + std::to_string(value));
+    TILEATTN_REQUIRE(!c.hadamard || blocks, "hadamard",
+                     std::string("is for 4-bit caches (q4_0, mxfp4, nvfp4); this one holds ") + kv_type_name<T>());
+    for (const auto& [value, name] : {std::pair{c.head_dim, "head_dim"}, std::pair{c.head_dim_v, "head_dim_v"}})
+      TILEATTN_REQUIRE(!c.hadamard || ops::hadamard_length(value), "hadamard",
+                       std::string("needs a power-of-two ") + name + ", got " + std::to_string(value));
     c.layout = resolved_layout<T>(c.layout);
     if (c.latent) {
       TILEATTN_REQUIRE(c.head_dim_v <= c.head_dim, "head_dim_v",

@@ -36,6 +36,7 @@
 #include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
+#include "tileattn/ops/hadamard.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
 #include "tileattn/ops/operand_layout.hpp"
@@ -352,6 +353,8 @@ void start_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Til
       load_rows(q_head, q, rows.position0, rows.positions, io);
   }
   t.q.set_extent(rows.count(), operand_cols<QOp>(p.head_dim()));   // (Br, d)
+  if constexpr (std::is_same_v<QOp, float>)
+    if (p.hadamard) ops::hadamard_rows(t.q);                       // (Br, d): H q (4-bit K stored as H k)
   t.o.set_extent(rows.count(), p.head_dim_v());                    // (Br, dv)
   ops::fill(t.o, 0.0f);
   t.stats.reset(rows.count());
@@ -530,6 +533,7 @@ void store_output(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t
     const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
     const ops::RowStats stats = t.stats.slice(r0, rows.positions);
     ops::finalize_rows(o_head, stats, t.lse.data() + r0, p.sinks.empty() ? nullptr : &sink);
+    if (p.hadamard) ops::hadamard_rows(o_head);                  // V stored as H v: O = H (P H v)
     store_rows(sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), rows.position0, o_head, io);
     const auto store_rows_of = [&](const LseView& out, const float* values) {
       if (out.data)
@@ -584,7 +588,9 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
   };
   float* lse = p.lse.data ? &p.lse(seq.view_batch, head, seq.q_start) : nullptr;
   merge_rows(prefix + m.chunks, state, sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), lse,
-             p.lse.stride[2], p.sinks.empty() ? nullptr : &sink, t, io);
+             p.lse.stride[2], p.sinks.empty() ? nullptr : &sink, t, io, [&](Tile<float>& o) {
+               if (p.hadamard) ops::hadamard_rows(o);  // partial states stay rotated: H undone once, merged
+             });
 }
 
 /// The SRAM an in-place item of `work` carves (in_place_item_bytes for its K/V heads per item).

@@ -84,10 +84,14 @@ inline index_t merge_block_rows(index_t wanted, index_t dv, std::size_t budget) 
 
 /// out = the merge of states state_at(0) ... state_at(count - 1), all out.rows rows, in
 /// that order; out_lse (stride apart; nullptr: not written) their LSE; sink_log2 (nullptr:
-/// none) an attention sink in log2 units, added once.
-template <class StateAt, class D, class Io>
+/// none) an attention sink in log2 units, added once; finish(acc) sees each block of merged
+/// rows before it is stored (the forward's Hadamard rotation of O).
+struct NoFinish {
+  void operator()(Tile<float>&) const {}
+};
+template <class StateAt, class D, class Io, class Finish = NoFinish>
 void merge_rows(index_t count, StateAt&& state_at, const MatrixView<D>& out, float* out_lse,
-                index_t out_lse_stride, const float* sink_log2, MergeTiles& t, Io& io) {
+                index_t out_lse_stride, const float* sink_log2, MergeTiles& t, Io& io, const Finish& finish = {}) {
   for (index_t i0 = 0; i0 < out.rows; i0 += t.acc.capacity_rows()) {
     const index_t n = std::min(t.acc.capacity_rows(), out.rows - i0);
     t.acc.set_extent(n, out.cols);
@@ -100,6 +104,7 @@ void merge_rows(index_t count, StateAt&& state_at, const MatrixView<D>& out, flo
       ops::merge_state_step(t.acc, t.stats, t.state, t.state_stats);
     }
     ops::finalize_rows(t.acc, t.stats, t.lse.data(), sink_log2);
+    finish(t.acc);
     store_rows(out, i0, t.acc, io);
     if (out_lse) store_vector(out_lse + i0 * out_lse_stride, out_lse_stride, t.lse.data(), n, io);
   }
