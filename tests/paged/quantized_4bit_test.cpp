@@ -412,6 +412,37 @@ TYPED_TEST(BlockForward, CountsBlockBytes) {
   EXPECT_EQ(counts.bytes_written, q_bytes + s.heads_q * sizeof(float));  // O and LSE
 }
 
+// Sequences forked from one prefix share its pages, and prefix-once attention reads them
+// once for the group (PagedOptions::shared_prefix): the same result, with bf16 queries (the
+// prefix pass must plan the 4-bit float tiles too).
+TYPED_TEST(BlockForward, SharedPrefixGroupsMatchReference) {
+  using B = TypeParam;
+  std::mt19937 rng(29);
+  const Shape4 s{4, 2, 64, 16, 1, {300}};
+  FilledCache<B> f(s, rng);
+  std::normal_distribution<float> normal;
+  for (int fork = 0; fork < 2; ++fork) {  // two more sequences: the prefix, then 5 tokens of their own
+    const SequenceId id = f.cache.fork(f.ids[0]);
+    std::vector<float> rows(static_cast<std::size_t>(5 * s.heads_kv * s.head_dim));
+    for (float& x : rows) x = normal(rng);
+    const TensorView<const float> view{rows.data(), {1, 5, s.heads_kv, s.head_dim},
+                                       {5 * s.heads_kv * s.head_dim, s.heads_kv * s.head_dim, s.head_dim, 1}};
+    f.cache.append(id, view, view);
+    f.ids.push_back(id);
+    f.k.push_back(f.read_back(id, f.cache.k_pages(0), 305, s));
+    f.v.push_back(f.read_back(id, f.cache.v_pages(0), 305, s));
+  }
+  const Shape4 all{4, 2, 64, 16, 1, {300, 305, 305}};
+  const auto q = random_queries<bf16>(3 * static_cast<std::size_t>(s.heads_q * s.head_dim), rng);
+  PagedOptions options;
+  options.shared_prefix_min_keys = 32;
+  const auto [o, lse] = run_paged_4bit(f, all, q, options);
+  const Deviation d = deviation_from_reference(f, all, q, o, lse);
+  EXPECT_EQ(d.problem, "");
+  EXPECT_LE(d.o, 1.0 / 128);
+  EXPECT_LE(d.lse, forward_lse_tolerance);
+}
+
 // A NaN K or V input makes its block NaN, and the rows that see it NaN (never finite).
 TYPED_TEST(BlockForward, NaNInputMakesTheRowsThatSeeItNaN) {
   using B = TypeParam;

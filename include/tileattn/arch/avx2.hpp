@@ -531,6 +531,7 @@ using generic::touch_rows;
 using generic::interleave_pairs;
 using generic::interleave_rounded;
 using generic::round_to_pairs;
+using generic::dequantize_blocks;  // (AVX2 has no 16-lane table lookup: the scalar one)
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const bf16* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const fp16* x, index_t n) { return generic::all_finite(x, n); }

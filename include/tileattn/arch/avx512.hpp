@@ -38,6 +38,7 @@
 #include "tileattn/arch/blocked_transpose.hpp"
 #include "tileattn/arch/exp2.hpp"
 #include "tileattn/arch/generic.hpp"
+#include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
@@ -1009,6 +1010,64 @@ inline void end_products() {}
 /// B operands read in place (arch/prepared_pairs.hpp): one slab of all rows.
 TILEATTN_PAIRS_READ_IN_PLACE
 #endif
+
+// ---- 4-bit blocks (core/block_quantized_types.hpp) -> floats. A block's 16 possible values
+// (nibble value times its scale, exact) fill one register: vpermps then looks up 16 nibbles
+// at a time, so a block of 32 costs a broadcast, a multiply, a byte widening, two masks or
+// shifts and two lookups, whatever its format. The same products as generic's table, so
+// the same bits.
+
+namespace detail {
+/// The 16 nibble values of a format before scaling (q - 8, or the e2m1 values).
+inline __m512 q4_0_nibbles() { return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7); }
+inline __m512 e2m1_nibbles() {
+  return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f,
+                        -4.0f, -6.0f);
+}
+/// 16 bytes -> their low and high nibbles as 16 dword indices each.
+inline void nibble_indices(__m128i bytes, __m512i& low, __m512i& high) {
+  const __m512i w = _mm512_cvtepu8_epi32(bytes);
+  low = _mm512_and_si512(w, _mm512_set1_epi32(0xf));
+  high = _mm512_srli_epi32(w, 4);
+}
+/// FP4 packs value 2i in byte i's low nibble: lows and highs interleaved, first 8 pairs.
+inline __m512i interleave_low_half(__m512i low, __m512i high) {
+  return _mm512_permutex2var_epi32(low, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23), high);
+}
+inline __m512i interleave_high_half(__m512i low, __m512i high) {
+  return _mm512_permutex2var_epi32(low, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
+                                   high);
+}
+}  // namespace detail
+
+inline void dequantize_blocks(const q4_0_block* src, float* dst, index_t blocks) {
+  for (index_t c = 0; c < blocks; ++c, dst += q4_0_block::values) {
+    const __m512 table = _mm512_mul_ps(detail::q4_0_nibbles(), _mm512_set1_ps(block_scale(src[c])));
+    __m512i low, high;  // q4_0: values 0..15 are the low nibbles, 16..31 the high ones
+    detail::nibble_indices(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
+    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(low, table));
+    _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(high, table));
+  }
+}
+
+inline void dequantize_blocks(const mxfp4_block* src, float* dst, index_t blocks) {
+  for (index_t c = 0; c < blocks; ++c, dst += mxfp4_block::values) {
+    const __m512 table = _mm512_mul_ps(detail::e2m1_nibbles(), _mm512_set1_ps(block_scale(src[c])));
+    __m512i low, high;
+    detail::nibble_indices(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
+    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(detail::interleave_low_half(low, high), table));
+    _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(detail::interleave_high_half(low, high), table));
+  }
+}
+
+inline void dequantize_blocks(const nvfp4_block* src, float* dst, index_t blocks) {
+  for (index_t c = 0; c < blocks; ++c, dst += nvfp4_block::values) {
+    const __m512 table = _mm512_mul_ps(detail::e2m1_nibbles(), _mm512_set1_ps(block_scale(src[c])));
+    __m512i low, high;
+    detail::nibble_indices(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
+    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(detail::interleave_low_half(low, high), table));
+  }
+}
 
 }  // namespace tileattn::arch::TILEATTN_AVX512_SET
 

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "tileattn/arch/prepared_pairs.hpp"
+#include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
@@ -200,6 +201,19 @@ inline void scale(float* x, index_t n, float factor) {
 template <class Half>
 void to_float(const Half* src, float* dst, index_t n) {
   for (index_t j = 0; j < n; ++j) dst[j] = tileattn::to_float(src[j]);
+}
+
+/// dst[0, blocks x B::values) = the values of `blocks` contiguous 4-bit blocks (q4_0, MXFP4,
+/// NVFP4: core/block_quantized_types.hpp), exact: each block's 16-entry table of nibble values
+/// times its scale, then one lookup per nibble (the vector sets do the same in registers).
+template <block_quantized_type B>
+void dequantize_blocks(const B* src, float* dst, index_t blocks) {
+  float table[16];
+  for (index_t c = 0; c < blocks; ++c, dst += B::values) {
+    const float scale = block_scale(src[c]);
+    for (int q = 0; q < 16; ++q) table[q] = nibble_value<B>(static_cast<std::uint8_t>(q)) * scale;
+    for (int i = 0; i < B::values; ++i) dst[i] = table[nibble(src[c], i)];
+  }
 }
 
 /// dst[j] = src[j] rounded to bf16 or fp16 (to nearest even; core/half_types.hpp).

@@ -161,6 +161,10 @@ inline void interleave_rounded(const float* a, const float* b, bf16x2* dst, inde
   TILEATTN_DISPATCH_BF16_FREE(interleave_rounded(a, b, dst, n));
 }
 inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) { TILEATTN_DISPATCH_BF16_FREE(round_to_pairs(x, dst, n)); }
+template <class B>
+void dequantize_blocks(const B* src, float* dst, index_t blocks) {
+  TILEATTN_DISPATCH_BF16_FREE(dequantize_blocks(src, dst, blocks));
+}
 inline PreparedPairs prepare_pairs(index_t k, index_t n, const bf16x2* b, index_t ldb, bf16x2* buffer) {
   TILEATTN_DISPATCH(prepare_pairs(k, n, b, ldb, buffer));
 }

@@ -151,7 +151,8 @@ constexpr std::uint8_t nibble(const B& b, int i) {
 /// A block's scale as a float (NaN for its NaN code), the tensor scale not included.
 inline float block_scale(const q4_0_block& b) { return static_cast<float>(b.d); }
 inline float block_scale(const mxfp4_block& b) {
-  return b.e == e8m0_nan ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, int{b.e} - e8m0_bias);
+  if (b.e == e8m0_nan) return std::numeric_limits<float>::quiet_NaN();
+  return std::bit_cast<float>(b.e == 0 ? 0x400000u : std::uint32_t{b.e} << 23);  // 2^(e - 127); e = 0: subnormal
 }
 inline float block_scale(const nvfp4_block& b) { return static_cast<float>(b.scale); }
 

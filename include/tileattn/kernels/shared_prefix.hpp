@@ -195,7 +195,7 @@ SharedPrefixPlan make_shared_prefix_plan(const ForwardParams<T, KV>& p, std::vec
   }
   const ForwardParams<T, KV> pp = prefix_params<T, KV>(p, cu_rows, keys, width, nullptr, nullptr);
   PlanShape shape{p.head_dim(), p.head_dim_v(), longest_rows, longest_keys, p.group_size(),
-                  static_cast<index_t>(groups.size()) * p.heads_kv(), tile_operands_for<T>()};
+                  static_cast<index_t>(groups.size()) * p.heads_kv(), tile_operands_for<T, KV>()};
   const TilePlan tiles = plan_tiles(shape);
   const index_t heads_per_item = in_place_heads_per_item(pp, tiles);
   KeySplit split = split_for(pp, tiles.key_tile_rows, longest_keys, heads_per_item);

@@ -28,9 +28,11 @@ void nibble_table(const B& b, float* table) {
   for (int q = 0; q < 16; ++q) table[q] = nibble_value<B>(static_cast<std::uint8_t>(q)) * scale;
 }
 
-/// out[0, blocks * B::values) = the values of blocks in[0], in[stride], ... (a row of K or V).
+/// out[0, blocks * B::values) = the values of blocks in[0], in[stride], ... (a row of K or V):
+/// the arch's vector lookup for contiguous blocks (arch::native::dequantize_blocks).
 template <block_quantized_type B>
 void dequantize_blocks(const B* in, index_t stride, index_t blocks, float* out) {
+  if (stride == 1) return arch::native::dequantize_blocks(in, out, blocks);
   alignas(64) float table[16];
   for (index_t c = 0; c < blocks; ++c, out += B::values) {
     const B& b = in[c * stride];
