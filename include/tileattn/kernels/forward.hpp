@@ -57,21 +57,26 @@ inline constexpr index_t in_place_max_rows = 16;
 /// sequence's shape alone, so every tiling and thread count agrees.
 template <class T, class KV>
 bool reads_kv_in_place(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
-  if constexpr (block_quantized_type<KV>) return false;  // no product reads 4-bit blocks in place yet
-  else return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
+  return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
          seq.q_len * p.group_size() <= in_place_max_rows;
 }
 
 /// What a work item that reads K and V in place keeps in SRAM: float Q, S, O and the row
 /// statistics as ForwardTiles, and instead of K^T and V tiles the addresses of the key and
 /// value rows of the key tile (storage type T, converted in registers by the products).
+/// 4-bit blocks are staged: a key tile's K and V rows are dequantized into float rows
+/// (k_values, v_values: a straight row conversion, no transpose), which the float products
+/// then read in place.
 template <class T>
 struct InPlaceTiles {
   static constexpr bool pairs = false;
+  static constexpr bool staged = block_quantized_type<T>;
+  using row_type = std::conditional_t<staged, float, T>;
   Tile<float> q, s, o;
   ops::RowStats stats;
   TileVector<float> lse;
-  RowRefs<T> k_rows, v_rows;
+  RowRefs<row_type> k_rows, v_rows;
+  Tile<float> k_values, v_values;  // staged only
 
   /// The scratch pieces, in carving order: footprint() counts them and carve() carves them.
   template <class Piece>
@@ -83,6 +88,10 @@ struct InPlaceTiles {
     piece(lse, br);
     piece(k_rows, bc);
     piece(v_rows, bc);
+    if constexpr (staged) {
+      piece(k_values, bc, d);   // (Bc, d)
+      piece(v_values, bc, dv);  // (Bc, dv)
+    }
   }
   static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv) {
     return pieces_bytes<InPlaceTiles>(br, bc, d, dv);
@@ -433,6 +442,31 @@ void touch_head_rows(const RowRefs<KV>* rows, index_t heads, const void** order)
   arch::native::touch_rows(order, cols * heads, rows[0].cols() * static_cast<index_t>(sizeof(KV)));
 }
 
+/// refs[r] = the address of tile row r, r in [0, tile.rows()).
+inline void point_at_rows(RowRefs<float>& refs, const Tile<float>& tile) {
+  refs.set_extent(tile.rows(), tile.cols());
+  for (index_t r = 0; r < tile.rows(); ++r) refs.row_ref(r) = tile.row(r);
+}
+
+/// One key tile's K and V rows of an in-place item: their addresses, or, for 4-bit blocks,
+/// their values dequantized into the staging rows and those rows' addresses. v_in_k (MLA's
+/// latent): V's rows are K's, their first dv columns, never read a second time.
+template <class KV, class Src, class Io>
+void load_key_tile_rows(InPlaceTiles<KV>& t, const Src& k, const Src& v, bool v_in_k, index_t dv, index_t col0,
+                        index_t cols, Io& io) {
+  if constexpr (InPlaceTiles<KV>::staged) {
+    load_rows(t.k_values, k, col0, cols, io);  // (Bc, d), dequantized
+    point_at_rows(t.k_rows, t.k_values);
+    if (v_in_k) return value_refs_from_keys(t.v_rows, t.k_rows, dv);
+    load_rows(t.v_values, v, col0, cols, io);  // (Bc, dv)
+    point_at_rows(t.v_rows, t.v_values);
+  } else {
+    load_row_refs(t.k_rows, k, col0, cols, io);  // (Bc) key rows
+    if (v_in_k) value_refs_from_keys(t.v_rows, t.k_rows, dv);  // MLA: the same rows
+    else load_row_refs(t.v_rows, v, col0, cols, io);  // (Bc) value rows
+  }
+}
+
 /// An in-place item of blk.kv_heads K/V heads: every head's queries, then, key tile by key
 /// tile, the rows of all heads streamed in together (touch_head_rows) and each head's
 /// products on them, then every head's output. Each head computes exactly what an item of
@@ -445,8 +479,9 @@ void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan,
   assert(n >= 1 && n <= max_kv_heads_per_item);
   const auto mods = scores(p, blk.sequence, blk.range);
   QueryBlock head_blk[max_kv_heads_per_item];
+  using Rows = typename InPlaceTiles<KV>::row_type;
   InPlaceTiles<KV> t[max_kv_heads_per_item];
-  RowRefs<KV> k_rows[max_kv_heads_per_item], v_rows[max_kv_heads_per_item];
+  RowRefs<Rows> k_rows[max_kv_heads_per_item], v_rows[max_kv_heads_per_item];
   Src k[max_kv_heads_per_item], v[max_kv_heads_per_item];
   for (index_t h = 0; h < n; ++h) {
     head_blk[h] = blk;
@@ -468,14 +503,14 @@ void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan,
     if (heads == 0) continue;
     for (index_t a = 0; a < heads; ++a) {
       const index_t h = active[a];
-      load_row_refs(t[h].k_rows, k[h], col0, cols, io);            // (Bc) key rows per head
-      if (p.v_in_k) value_refs_from_keys(t[h].v_rows, t[h].k_rows, p.head_dim_v());  // MLA: the same rows
-      else load_row_refs(t[h].v_rows, v[h], col0, cols, io);       // (Bc) value rows per head
+      load_key_tile_rows(t[h], k[h], v[h], p.v_in_k, p.head_dim_v(), col0, cols, io);  // (Bc) key and value rows
       k_rows[a] = t[h].k_rows;
       v_rows[a] = t[h].v_rows;
     }
-    touch_head_rows(k_rows, heads, order);  // (a software prefetch of the next tile's rows
-    if (!p.v_in_k) touch_head_rows(v_rows, heads, order);  // here gained nothing: docs/paged.md)
+    if constexpr (!InPlaceTiles<KV>::staged) {  // (staged rows were just written: in cache)
+      touch_head_rows(k_rows, heads, order);  // (a software prefetch of the next tile's rows
+      if (!p.v_in_k) touch_head_rows(v_rows, heads, order);  // here gained nothing: docs/paged.md)
+    }
     for (index_t a = 0; a < heads; ++a) {
       const index_t h = active[a];
       auto scales = item_scales<Kv>(p, head_blk[h]);
@@ -604,11 +639,9 @@ std::size_t in_place_bytes_of(const ForwardParams<T, KV>& p, const TilePlan& pla
 template <class Kv, class T, class KV, class Scores, class Io>
 void run_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, std::size_t in_place_bytes,
               const Scores& scores, Io& counter) {
-  if constexpr (!block_quantized_type<KV>) {
-    if (reads_kv_in_place(p, blk.range))
-      return forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
-  }
-  {
+  if (reads_kv_in_place(p, blk.range)) {
+    forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
+  } else {
     with_tile_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
       auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
                                            plan.key_tile_rows, p.head_dim(), p.head_dim_v(), plan.panels);
