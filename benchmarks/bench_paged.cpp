@@ -4,7 +4,8 @@
 //
 // Decoding is memory-bound: each step reads every cached K/V byte once (GQA: once per group
 // of query heads) and does ~4 FLOPs per byte-pair of fp32. So a decode row reports the K/V
-// bytes it reads per second (counted in the stored type: 2 per bf16 value, 1 per fp8 or int8) and their fraction
+// bytes it reads per second (counted in the stored type: 2 per bf16 value, 1 per fp8 or int8,
+// 18 per q4_0 block of 32 values, 17 per MXFP4 block) and their fraction
 // of a streaming read of 1 GiB measured by this binary on the same threads (ceilings.hpp).
 // Verify and chunked-prefill rows credit 4 * d FLOPs per visited (query, key) pair (causal,
 // bottom-right aligned) to the paged and to the contiguous forward alike; their ratio is the
@@ -69,7 +70,7 @@ struct PagedWorkload {
 
   PagedWorkload(index_t b, index_t ctx, index_t nq, bool contiguous_copy)
       : batch(b), context(ctx), q_len(nq), max_pages((ctx + page_size - 1) / page_size), num_pages(b * max_pages) {
-    const auto row = static_cast<std::size_t>(heads_kv * head_dim);
+    const auto row = static_cast<std::size_t>(heads_kv * head_dim / tileattn::values_per_element<KV>);  // elements
     k_pool.resize(static_cast<std::size_t>(num_pages * page_size) * row);
     v_pool.resize(k_pool.size());
     std::uint32_t state = 12345u;
@@ -84,6 +85,13 @@ struct PagedWorkload {
       v_scales = k_scales;
       for (auto& x : k_pool) x = tileattn::quantize<KV>(value(), scale);
       for (auto& x : v_pool) x = tileattn::quantize<KV>(value(), scale);
+    } else if constexpr (tileattn::block_quantized_type<KV>) {  // 4-bit blocks, quantized here
+      float values[KV::values];
+      for (auto* pool : {&k_pool, &v_pool})
+        for (auto& x : *pool) {
+          for (float& e : values) e = value();
+          x = tileattn::quantize_block<KV>(values);
+        }
     } else {
       for (auto& x : k_pool) x = next();
       for (auto& x : v_pool) x = next();
@@ -115,7 +123,7 @@ struct PagedWorkload {
   tileattn::TensorView<T> o_view() { return tileattn::make_bshd(o.data(), batch, q_len, heads_q, head_dim); }
   tileattn::LseView lse_view() { return tileattn::make_lse(lse.data(), batch, heads_q, q_len); }
   tileattn::TensorView<const KV> pool(const auto& p) const {
-    return tileattn::make_bshd<const KV>(p.data(), num_pages, page_size, heads_kv, head_dim);
+    return tileattn::make_bshd<const KV>(p.data(), num_pages, page_size, heads_kv, head_dim / tileattn::values_per_element<KV>);
   }
   tileattn::BlockTableView block_table() const { return tileattn::make_block_table(table.data(), batch, max_pages); }
 
@@ -148,7 +156,9 @@ struct PagedWorkload {
     tileattn::forward(q_view(), kv(k_flat), kv(v_flat), o_view(), lse_view(), options());
   }
 
-  double kv_bytes() const { return 2.0 * static_cast<double>(batch * context * heads_kv * head_dim) * sizeof(KV); }
+  double kv_bytes() const {
+    return 2.0 * static_cast<double>(batch * context * heads_kv * head_dim / tileattn::values_per_element<KV>) * sizeof(KV);
+  }
   /// 4 d FLOPs per visited (query, key) pair: causal bottom-right, q_len new tokens.
   double flops() const {
     const double n = static_cast<double>(q_len), keys = static_cast<double>(context);
@@ -353,6 +363,9 @@ void register_all() {
     benchmark::RegisterBenchmark("decode/int8", decode<tileattn::bf16, std::int8_t>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("decode/fp8_e4m3", decode<tileattn::bf16, tileattn::fp8_e4m3>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("decode/fp8_e5m2", decode<tileattn::bf16, tileattn::fp8_e5m2>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+    // 4-bit caches (issue #33): bytes counted as stored (blocks: values and scales).
+    benchmark::RegisterBenchmark("decode/q4_0", decode<tileattn::bf16, tileattn::q4_0_block>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("decode/mxfp4", decode<tileattn::bf16, tileattn::mxfp4_block>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
   }
   const std::vector<std::array<index_t, 3>> verifies{{8, 4096, 4}, {8, 4096, 8}, {1, 4096, 256}};
   for (const auto& v : verifies)

@@ -1,6 +1,6 @@
 // examples/quantized_kv_cache.cpp: one decode step over a KV cache stored in bf16, int8,
-// fp8 e4m3 and fp8 e5m2, from the same bf16 model rows: what each format costs in memory
-// and in accuracy.
+// fp8 e4m3, fp8 e5m2 and the 4-bit blocks q4_0, MXFP4 and NVFP4, from the same bf16 model
+// rows: what each format costs in memory and in accuracy.
 //
 //   tileattn::KvCache<std::int8_t> cache({.num_layers = L, .num_pages = P, .page_size = 16,
 //                                          .heads_kv = Hkv, .head_dim = D});
@@ -9,6 +9,11 @@
 //   options.k_scale = cache.k_scales(layer);          // per (page, K/V head) for int8
 //   options.v_scale = cache.v_scales(layer);
 //   tileattn::forward_paged(q, cache.k_pages(layer), cache.v_pages(layer), table, seqlens, o, options);
+//
+// A 4-bit cache (tileattn::KvCache<tileattn::q4_0_block>, mxfp4_block, nvfp4_block) keeps
+// each block's scale inside the block: no scale options, the pools index blocks of 32 (16)
+// values, and cache.k_pages(layer)(page, row, head, block) is one block
+// (tileattn::dequantize_block turns it into its values).
 //
 // For each format it prints the bytes one token takes per layer (K and V, scales included)
 // and two errors of O, as a fraction of the largest |O|: against attention in double over
@@ -89,8 +94,19 @@ bool run(const char* name, const Inputs& in) {
           const auto at = ((b * tokens + t) * heads_kv + h) * head_dim + c;
           k0.push_back(tileattn::to_float(in.k[at]));
           v0.push_back(tileattn::to_float(in.v[at]));
-          kd.push_back(tileattn::to_float(cache.k_pages(0)(page, t % page_size, h, c)) * ks);
-          vd.push_back(tileattn::to_float(cache.v_pages(0)(page, t % page_size, h, c)) * vs);
+          if constexpr (!tileattn::block_quantized_type<KV>) {
+            kd.push_back(tileattn::to_float(cache.k_pages(0)(page, t % page_size, h, c)) * ks);
+            vd.push_back(tileattn::to_float(cache.v_pages(0)(page, t % page_size, h, c)) * vs);
+          }
+        }
+        if constexpr (tileattn::block_quantized_type<KV>) {  // a block at a time
+          float values[KV::values];
+          for (tileattn::index_t c = 0; c < head_dim / KV::values; ++c) {
+            tileattn::dequantize_block(cache.k_pages(0)(page, t % page_size, h, c), values);
+            kd.insert(kd.end(), values, values + KV::values);
+            tileattn::dequantize_block(cache.v_pages(0)(page, t % page_size, h, c), values);
+            vd.insert(vd.end(), values, values + KV::values);
+          }
         }
       }
     for (tileattn::index_t h = 0; h < heads_q; ++h) {
@@ -108,10 +124,12 @@ bool run(const char* name, const Inputs& in) {
   }
   // Bytes per token per layer: K and V rows, and int8's per-(page, head) scales spread over a page.
   const double scale_bytes = tileattn::adaptive_scale<KV> ? 2.0 * heads_kv * sizeof(float) / page_size : 0.0;
-  const double bytes = 2.0 * heads_kv * head_dim * sizeof(KV) + scale_bytes;
+  const double bytes = 2.0 * heads_kv * head_dim / tileattn::values_per_element<KV> * sizeof(KV) + scale_bytes;
   // Bounds, with ~1.5x margin over what this seed measures: int8 keeps ~8 significant bits
-  // of a page's range, e4m3 4, e5m2 3 (each error about half a unit of the last one).
-  const double quantization_bound = std::is_same_v<KV, tileattn::fp8_e5m2>   ? 0.12
+  // of a page's range, e4m3 4, e5m2 3 (each error about half a unit of the last one), the
+  // 4-bit blocks 2 to 3 bits of their block's range.
+  const double quantization_bound = tileattn::block_quantized_type<KV>             ? 0.35
+                                    : std::is_same_v<KV, tileattn::fp8_e5m2>   ? 0.12
                                     : std::is_same_v<KV, tileattn::fp8_e4m3> ? 0.06
                                                                              : 0.02;
   const bool ok = quantization / largest <= quantization_bound && kernel / largest <= 4e-3;
@@ -138,5 +156,8 @@ int main() {
   ok &= run<std::int8_t>("int8", in);
   ok &= run<tileattn::fp8_e4m3>("fp8_e4m3", in);
   ok &= run<tileattn::fp8_e5m2>("fp8_e5m2", in);
+  ok &= run<tileattn::q4_0_block>("q4_0", in);
+  ok &= run<tileattn::mxfp4_block>("mxfp4", in);
+  ok &= run<tileattn::nvfp4_block>("nvfp4", in);
   return ok ? 0 : 1;
 }
