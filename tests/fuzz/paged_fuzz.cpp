@@ -21,6 +21,8 @@
 // execute_q says why) with PagedOptions::k_scale / v_scale per tensor, per K/V head, per
 // page or per (page, head), padded or not, whose values may be negative, zero or NaN
 // (allowed: params.hpp says a non-finite scale makes the values it scales non-finite), and
+// 4-bit block pools (q4_0 and NVFP4, float Q; head_dim and head_dim_v rounded to whole
+// blocks; a NaN poisoned into a block makes the whole block NaN, as the codec says), and
 // rotary embedding of Q (a quarter of the inputs: tables of random sizes in either layout,
 // NeoX or interleaved pairs, now and then a NaN entry; the reference rotates Q first), and in
 // a quarter of the calls with dv <= d and no rotary, MLA (tileattn/mla.hpp:
@@ -106,9 +108,12 @@ using fuzz::window_side;
 
 // ---- Storage types ----------------------------------------------------------------------
 
-enum class KvType { fp32, bf16, fp16, int8, e4m3, e5m2 };
+enum class KvType { fp32, bf16, fp16, int8, e4m3, e5m2, q4_0, nvfp4 };
 enum class QType { fp32, bf16, fp16 };
-constexpr const char* kv_names[] = {"float", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2"};
+constexpr const char* kv_names[] = {"float", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "q4_0", "nvfp4"};
+/// The 8-bit types (scales beside the pools); q4_0 and nvfp4 are 4-bit blocks (scales inside).
+bool eight_bit(KvType t) { return t >= KvType::int8 && t <= KvType::e5m2; }
+bool four_bit(KvType t) { return t >= KvType::q4_0; }
 constexpr const char* q_names[] = {"float", "bf16", "fp16"};
 
 /// A float stored as K/V type KV: 8-bit types quantized at the write scale w (> 0).
@@ -456,11 +461,11 @@ void make_latent(Problem& p) {
 }
 
 void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
-  p.kv = static_cast<KvType>(in.ConsumeIntegralInRange(0, 5));
+  p.kv = static_cast<KvType>(in.ConsumeIntegralInRange(0, 7));
   const int q_choice = in.ConsumeIntegralInRange(0, 2);
   p.qt = p.kv <= KvType::fp16 ? static_cast<QType>(p.kv) : static_cast<QType>(q_choice);
   if (p.kv >= KvType::int8 && !(p.qt == QType::fp32 || (p.qt == QType::bf16 && p.kv == KvType::int8)))
-    p.qt = QType::fp32;  // the pairs compiled in (execute_q)
+    p.qt = QType::fp32;  // the pairs compiled in (execute_q); 4-bit pools: float Q
   p.varlen = in.ConsumeBool();
   p.lse_on = in.ConsumeBool();
   p.planned = in.ConsumeIntegralInRange(0, 2) == 0;
@@ -468,9 +473,14 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   p.hq = p.hkv * in.ConsumeIntegralInRange<index_t>(1, 6 / p.hkv);
   p.d = in.ConsumeIntegralInRange(1, 72);
   p.dv = in.ConsumeBool() ? p.d : in.ConsumeIntegralInRange(1, 40);
+  if (four_bit(p.kv)) {  // whole blocks of 32 (q4_0) or 16 (nvfp4) values
+    const index_t block = p.kv == KvType::q4_0 ? q4_0_block::values : nvfp4_block::values;
+    p.d = std::max(block, p.d / block * block);
+    p.dv = std::max(block, p.dv / block * block);
+  }
   build_sequences(in, p);
   build_pages(in, p, rng);
-  if (p.kv >= KvType::int8) {
+  if (eight_bit(p.kv)) {
     build_scales(in, p, p.ks, rng);
     build_scales(in, p, p.vs, rng);
     p.opts.k_scale = p.ks.view;
@@ -530,11 +540,20 @@ Call<T, KV> make_call(const Problem& p) {
   c.o = lay_out<T>({vb, p.nq, p.hq, p.dv}, p.layout[3], from_float<T>(sentinel),
                    [&](index_t, index_t, index_t, index_t) { return from_float<T>(sentinel); });
   const auto pool = [&](const std::vector<float>& f, const Scales& s, index_t dim, const Relayout& r) {
+    if constexpr (block_quantized_type<KV>) {  // blocks of the rows' values, quantized; gaps a NaN block
+      const std::vector<float> nans(KV::values, nan);
+      return lay_out<KV>({p.num_pages, p.page, p.hkv, dim / KV::values}, r, quantize_block<KV>(nans.data()),
+                         [&](index_t page, index_t row, index_t h, index_t blk) {
+                           return quantize_block<KV>(
+                               &f[static_cast<std::size_t>(((page * p.page + row) * p.hkv + h) * dim + blk * KV::values)]);
+                         });
+    } else {
     return lay_out<KV>({p.num_pages, p.page, p.hkv, dim}, r, store_kv<KV>(nan, 1.0f),
                        [&](index_t page, index_t row, index_t h, index_t x) {
                          const float w = quantized_type<KV> ? s.write[static_cast<std::size_t>(page * p.hkv + h)] : 1.0f;
                          return store_kv<KV>(f[static_cast<std::size_t>(((page * p.page + row) * p.hkv + h) * dim + x)], w);
                        });
+    }
   };
   c.k = pool(p.kf, p.ks, p.d, p.layout[1]);
   c.v = pool(p.vf, p.vs, p.dv, p.layout[2]);
@@ -863,14 +882,20 @@ PagedPlan mismatched_plan(FuzzedDataProvider& in, const Problem& p, Call<T, KV> 
 /// [1, len, hkv, dim], contiguous.
 template <class KV>
 std::vector<float> gather(const Problem& p, const TensorView<const KV>& pool, const Scales& s, index_t b) {
-  const index_t len = p.seqlens[static_cast<std::size_t>(b)], dim = pool.shape[3];
+  const index_t len = p.seqlens[static_cast<std::size_t>(b)], dim = pool.shape[3] * values_per_element<KV>;
   std::vector<float> out(static_cast<std::size_t>(len * p.hkv * dim));
   for (index_t r = 0; r < len; ++r) {
     const index_t page = p.table_view(b, r / p.page);
     for (index_t h = 0; h < p.hkv; ++h) {
-      const float scale = s.at(page, h);
-      for (index_t x = 0; x < dim; ++x)
-        out[static_cast<std::size_t>((r * p.hkv + h) * dim + x)] = load_kv(pool(page, r % p.page, h, x), scale);
+      if constexpr (block_quantized_type<KV>) {  // 4-bit: each block's values
+        for (index_t blk = 0; blk < pool.shape[3]; ++blk)
+          dequantize_block(pool(page, r % p.page, h, blk),
+                           &out[static_cast<std::size_t>((r * p.hkv + h) * dim + blk * KV::values)]);
+      } else {
+        const float scale = s.at(page, h);
+        for (index_t x = 0; x < dim; ++x)
+          out[static_cast<std::size_t>((r * p.hkv + h) * dim + x)] = load_kv(pool(page, r % p.page, h, x), scale);
+      }
     }
   }
   return out;
@@ -981,7 +1006,7 @@ std::string describe(const Problem& p, const std::string& corruption, const std:
        std::to_string(o.sram_budget_bytes) + " backend " +
        to_string(o.execution.backend) + " x " + std::to_string(o.execution.num_threads) + " rotary " +
        p.rotary.describe();
-  if (p.kv >= KvType::int8)
+  if (eight_bit(p.kv))
     s += std::string("\n  k_scale ") + granularity_names[static_cast<int>(p.ks.kind)] + " v_scale " +
          granularity_names[static_cast<int>(p.vs.kind)];
   s += "\n  layouts:" + describe_layout("q", p.layout[0], strides[0]) + ";" + describe_layout("k", p.layout[1], strides[1]) +
@@ -1151,6 +1176,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case KvType::int8: execute_q<std::int8_t>(in, p, verbose); break;
     case KvType::e4m3: execute_q<fp8_e4m3>(in, p, verbose); break;
     case KvType::e5m2: execute_q<fp8_e5m2>(in, p, verbose); break;
+    case KvType::q4_0: execute<float, q4_0_block>(in, p, verbose); break;
+    case KvType::nvfp4: execute<float, nvfp4_block>(in, p, verbose); break;
   }
   return 0;
 }
