@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -19,10 +20,22 @@
 #include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/ops/hadamard.hpp"
+#include "tileattn/ops/rotary.hpp"
 #include "tileattn/paged.hpp"
 
 namespace tileattn::test {
 namespace {
+
+/// The statement throws tileattn::invalid_argument whose parameter() is `name`.
+#define EXPECT_THROW_NAMING(statement, name)                                              \
+  do {                                                                                    \
+    try {                                                                                 \
+      statement;                                                                          \
+      ADD_FAILURE() << "no exception; expected one naming " << (name);                    \
+    } catch (const tileattn::invalid_argument& e) {                                       \
+      EXPECT_EQ(e.parameter(), std::string(name)) << e.what();                            \
+    }                                                                                     \
+  } while (0)
 
 template <class B>
 class BlockCodec : public ::testing::Test {};
@@ -106,6 +119,29 @@ TYPED_TEST(BlockCodec, ExtremeMagnitudesStayFinite) {
     const std::vector<float> d = dequantized(quantize_block<B>(x.data()));
     for (float v : d) EXPECT_TRUE(std::isfinite(v)) << big;
     EXPECT_LE(d[3], 0.0f) << big;
+  }
+}
+
+// The arch's block conversion (arch::native::dequantize_blocks: AVX-512's vpermps lookup
+// where the CPU has it) gives the codec's bits: every nibble at random scales, NaN blocks NaN.
+TYPED_TEST(BlockCodec, ArchConversionMatchesTheCodec) {
+  using B = TypeParam;
+  std::mt19937 rng(37);
+  std::vector<B> blocks;
+  for (int trial = 0; trial < 64; ++trial) {
+    const std::vector<float> x = random_block(B::values, rng, trial % 2 ? 0.01f : 300.0f);
+    B b = quantize_block<B>(x.data());
+    for (int i = 0; i < B::values / 2; ++i) b.qs[i] = static_cast<std::uint8_t>(rng());  // every nibble, over the trials
+    blocks.push_back(b);
+  }
+  std::vector<float> nans(B::values, std::numeric_limits<float>::quiet_NaN());
+  blocks.push_back(quantize_block<B>(nans.data()));
+  std::vector<float> got(blocks.size() * B::values), want(got.size());
+  arch::native::dequantize_blocks(blocks.data(), got.data(), static_cast<index_t>(blocks.size()));
+  for (std::size_t c = 0; c < blocks.size(); ++c) dequantize_block(blocks[c], &want[c * B::values]);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) EXPECT_TRUE(std::isnan(got[i])) << i;
+    else EXPECT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << i << ": " << got[i] << " vs " << want[i];
   }
 }
 
@@ -204,16 +240,6 @@ TEST(Nvfp4, E4m3ScaleTimesTensorScale) {
 }
 
 
-/// The statement throws tileattn::invalid_argument whose parameter() is `name`.
-#define EXPECT_THROW_NAMING(statement, name)                                              \
-  do {                                                                                    \
-    try {                                                                                 \
-      statement;                                                                          \
-      ADD_FAILURE() << "no exception; expected one naming " << (name);                    \
-    } catch (const tileattn::invalid_argument& e) {                                       \
-      EXPECT_EQ(e.parameter(), std::string(name)) << e.what();                            \
-    }                                                                                     \
-  } while (0)
 
 struct Shape4 {
   index_t heads_q, heads_kv, head_dim, page_size, q_len;
@@ -327,6 +353,43 @@ const std::vector<Shape4>& forward_shapes() {
       {3, 1, 96, 5, 17, {17, 40}, true},               // chunked prefill, MQA, d = 3 blocks
   };
   return shapes;
+}
+
+// KvCache quantizes each written row block by block: the pool holds exactly quantize_block of
+// the row's values (write of reserved positions and append alike), and write_kv_slots into a
+// raw block pool names a head_dim that is not the pool's blocks x values.
+TYPED_TEST(BlockCodec, CacheWritesHoldQuantizedBlocks) {
+  using B = TypeParam;
+  const index_t d = 2 * B::values, heads = 2;
+  KvCache<B> cache({.num_layers = 2, .num_pages = 4, .page_size = 3, .heads_kv = heads, .head_dim = d});
+  const SequenceId id = cache.create();
+  std::mt19937 rng(31);
+  const std::vector<float> rows = random_block(static_cast<int>(2 * 4 * heads * d), rng, 2.0f);  // [layers, 4, heads, d]
+  const TensorView<const float> all{rows.data(), {2, 4, heads, d}, {4 * heads * d, heads * d, d, 1}};
+  cache.append(id, all, all);
+  cache.extend(id, 1);  // position 4, then written in layer 1 only
+  const StridedView<const float, 3> one{rows.data(), {1, heads, d}, {heads * d, d, 1}};
+  cache.write(1, id, one, one);
+  const auto pages = cache.pages(id);
+  for (index_t l = 0; l < 2; ++l)
+    for (index_t t = 0; t < (l == 1 ? 5 : 4); ++t)
+      for (index_t h = 0; h < heads; ++h)
+        for (index_t c = 0; c < d / B::values; ++c) {
+          const float* x = t < 4 ? &rows[static_cast<std::size_t>(((l * 4 + t) * heads + h) * d + c * B::values)]
+                                 : &rows[static_cast<std::size_t>(h * d + c * B::values)];
+          const B want = quantize_block<B>(x);
+          for (const auto& pool : {cache.k_pages(l), cache.v_pages(l)}) {
+            const B& got = pool(pages[static_cast<std::size_t>(t / 3)], t % 3, h, c);
+            EXPECT_EQ(std::memcmp(&got, &want, sizeof(B)), 0) << "layer " << l << " token " << t;
+          }
+        }
+  std::vector<B> raw(static_cast<std::size_t>(2 * 3 * heads * 2));
+  const std::vector<std::int64_t> slots{0};
+  const StridedView<const float, 3> short_rows{rows.data(), {1, heads, d - 8}, {heads * d, d, 1}};
+  EXPECT_THROW_NAMING(write_kv_slots(short_rows, one, make_page_pool(raw.data(), 2, 3, heads, 2),
+                                     make_page_pool(raw.data() + raw.size() / 2, 2, 3, heads, 2), slots),
+                      "k_new.shape[2] (head_dim)");
+  for (const B& b : raw) EXPECT_EQ(b.qs[0], 0);  // nothing written
 }
 
 template <class B>
@@ -696,6 +759,68 @@ TEST(ErrorStudy, RotatedKernelMatchesReferenceOverDequantizedRotatedKv) {
   const double norm = 1.0 / std::sqrt(static_cast<double>(d));
   for (index_t r = 0; r < q_len * heads_q; ++r)
     for (index_t i = 0; i < d; ++i) {  // (H o)_i = sum_j H_ij o_j, H_ij = (-1)^popcount(i & j) / sqrt(d)
+      double want = 0;
+      for (index_t j = 0; j < d; ++j)
+        want += (__builtin_popcountll(static_cast<unsigned long long>(i & j)) % 2 ? -norm : norm) *
+                ref.o[static_cast<std::size_t>(r * d + j)];
+      EXPECT_NEAR(o[static_cast<std::size_t>(r * d + i)], want, 5e-5) << "row " << r << " channel " << i;
+    }
+}
+
+// Rotary embedding and the rotation compose: the cache rotates K at its position, then
+// turns K and V by H, before quantizing; the kernel rotates Q at its position, then turns it
+// by H, and O back by H. The reference: H (attention(H rot(q), dequantized K, V)).
+TEST(ErrorStudy, RotaryThenHadamardMatchesReference) {
+  using B = mxfp4_block;
+  const index_t heads_q = 2, heads_kv = 1, d = 64, keys = 70, q_len = 2, half = d / 2, table_rows = 80;
+  std::mt19937 rng(41);
+  std::vector<float> cos_t(static_cast<std::size_t>(table_rows * half)), sin_t(cos_t.size());
+  for (index_t pos = 0; pos < table_rows; ++pos)
+    for (index_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+      cos_t[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::cos(angle));
+      sin_t[static_cast<std::size_t>(pos * half + i)] = static_cast<float>(std::sin(angle));
+    }
+  RotaryOptions rotary;
+  rotary.cos = {cos_t.data(), {table_rows, half}, {half, 1}};
+  rotary.sin = {sin_t.data(), {table_rows, half}, {half, 1}};
+  KvCache<B> cache({.num_layers = 1, .num_pages = 10, .page_size = 16, .heads_kv = heads_kv, .head_dim = d,
+                    .hadamard = true});
+  const std::vector<float> k = random_block(static_cast<int>(keys * d), rng, 1.0f), v = random_block(static_cast<int>(keys * d), rng, 1.0f);
+  const SequenceId id = cache.create();
+  cache.append(id, TensorView<const float>{k.data(), {1, keys, heads_kv, d}, {keys * d, d, d, 1}},
+               TensorView<const float>{v.data(), {1, keys, heads_kv, d}, {keys * d, d, d, 1}}, rotary);
+  std::vector<float> q = random_block(static_cast<int>(q_len * heads_q * d), rng, 1.0f), o(q.size(), sentinel);
+  const auto tables = cache.batch(std::vector{id});
+  PagedOptions options;
+  options.hadamard = true;
+  options.rotary = rotary;
+  options.causal = true;
+  const std::array<index_t, 4> qshape{1, q_len, heads_q, d}, qstride{q_len * heads_q * d, heads_q * d, d, 1};
+  forward_paged(TensorView<const float>{q.data(), qshape, qstride}, cache.k_pages(0), cache.v_pages(0),
+                tables.block_table_view(), tables.seqlens(), TensorView<float>{o.data(), qshape, qstride}, options);
+  std::vector<float> kd(k.size()), vd(v.size()), hq = q;
+  const auto pages = cache.pages(id);
+  for (index_t t = 0; t < keys; ++t)
+    for (index_t c = 0; c < d / B::values; ++c) {
+      const auto at = static_cast<std::size_t>(t * d + c * B::values);
+      dequantize_block(cache.k_pages(0)(pages[static_cast<std::size_t>(t / 16)], t % 16, 0, c), &kd[at]);
+      dequantize_block(cache.v_pages(0)(pages[static_cast<std::size_t>(t / 16)], t % 16, 0, c), &vd[at]);
+    }
+  for (index_t i = 0; i < q_len; ++i)
+    for (index_t h = 0; h < heads_q; ++h) {
+      float* row = &hq[static_cast<std::size_t>((i * heads_q + h) * d)];
+      ops::rotate_row(rotary, row, keys - q_len + i);
+      ops::hadamard_row(row, d);
+    }
+  reference::Options opt;
+  opt.causal = true;
+  const auto ref = reference::attention(TensorView<const float>{hq.data(), qshape, qstride},
+                                        TensorView<const float>{kd.data(), {1, keys, heads_kv, d}, {keys * d, d, d, 1}},
+                                        TensorView<const float>{vd.data(), {1, keys, heads_kv, d}, {keys * d, d, d, 1}}, opt);
+  const double norm = 1.0 / std::sqrt(static_cast<double>(d));
+  for (index_t r = 0; r < q_len * heads_q; ++r)
+    for (index_t i = 0; i < d; ++i) {
       double want = 0;
       for (index_t j = 0; j < d; ++j)
         want += (__builtin_popcountll(static_cast<unsigned long long>(i & j)) % 2 ? -norm : norm) *
