@@ -6,6 +6,11 @@
 // r % page_size. PagedMatrixView is that [rows, head_dim] matrix: what MatrixView is for a
 // contiguous tensor, with the row lookup going through the table. Rows within one page are
 // a plain MatrixView (page_run), which is how the tile loads (memory/tile_io.hpp) read it.
+//
+// A gathered view (gather != nullptr: top-k sparse attention, topk.hpp) has row r at the
+// sequence's cache position gather[r]: the indexer's selected keys as one compact matrix,
+// so the same loads read them. Its page runs are the runs of consecutive positions within
+// one page (one row each where the selection is scattered).
 #pragma once
 
 #include <algorithm>
@@ -27,10 +32,15 @@ struct PagedMatrixView {
   index_t cols = 0;
   index_t row_stride = 0;               // within a page
   index_t col_stride = 1;
+  const std::int32_t* gather = nullptr;  // row r is cache position gather[r] (nullptr: r)
+
+  /// Row r's cache position in the sequence.
+  index_t position(index_t r) const { return gather ? static_cast<index_t>(gather[r]) : r; }
 
   T* row(index_t r) const {
-    return pool + static_cast<index_t>(table[(r / page_size) * table_stride]) * page_stride +
-           (r % page_size) * row_stride;
+    const index_t at = position(r);
+    return pool + static_cast<index_t>(table[(at / page_size) * table_stride]) * page_stride +
+           (at % page_size) * row_stride;
   }
   T& operator()(index_t r, index_t c) const { return row(r)[c * col_stride]; }
 
@@ -42,10 +52,18 @@ struct PagedMatrixView {
   template <class F>
   void for_each_page_run(index_t row0, index_t n, F&& f) const {
     for (index_t r = row0; r < row0 + n;) {
-      const index_t run = std::min(row0 + n - r, page_size - r % page_size);
+      const index_t run = gather ? gathered_run(r, row0 + n) : std::min(row0 + n - r, page_size - r % page_size);
       f(page_run(r, run), r - row0);
       r += run;
     }
+  }
+
+  /// The rows from r (before end) whose positions follow gather[r] one by one in its page.
+  index_t gathered_run(index_t r, index_t end) const {
+    const index_t at = gather[r];
+    index_t n = 1;
+    while (r + n < end && gather[r + n] == at + n && (at + n) % page_size != 0) ++n;
+    return n;
   }
 };
 

@@ -168,6 +168,15 @@ struct SequenceRange {
   index_t k_start, k_len;
 };
 
+/// Top-k sparse attention's keys (topk.hpp): the params' sequence s is one query row of
+/// the batch's sequence sequence_of[s], whose keys are the cache positions
+/// positions[begin[s]], ..., positions[begin[s + 1] - 1] (cache_seqlens[s] of them).
+struct GatheredKeys {
+  const std::int32_t* positions = nullptr;
+  const index_t* begin = nullptr;
+  const std::int32_t* sequence_of = nullptr;
+};
+
 /// T: the storage type of Q and O; KV: of K and V (T, an 8-bit type with scales, or a 4-bit
 /// block type, whose K/V views index blocks: head_dim / values_per_element<KV> of them a row).
 template <class T, class KV = T>
@@ -191,6 +200,9 @@ struct ForwardParams : ScoreOptions {
   // pages block_table[b, 0], block_table[b, 1], ... in order.
   StridedView<const std::int32_t, 2> block_table{};
   const std::int32_t* cache_seqlens = nullptr;
+  // Top-k sparse attention (kernels/gathered_kv.hpp) when set: each sequence is one query
+  // row attending the keys it lists; nullptr: every key of the sequence.
+  const GatheredKeys* gathered = nullptr;
   // Split-KV partial states (kernels/work_list.hpp): rows of head_dim_v floats, and each
   // row's max score (log2 units) and sum of 2^(score - max), kept apart (ops/merge_states.hpp).
   float* o_accum = nullptr;

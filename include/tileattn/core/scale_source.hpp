@@ -4,7 +4,8 @@
 // Contiguous K/V have one scale per (sequence, K/V head); a paged pool one per (page, K/V
 // head), found through the sequence's block table: ScaleSource is that lookup, what
 // MatrixView / PagedMatrixView are for the values themselves. Tile IO's load_scales
-// (memory/tile_io.hpp) fills a key tile's scales from it.
+// (memory/tile_io.hpp) fills a key tile's scales from it. A gathered source (top-k sparse
+// attention, topk.hpp) has key r at cache position gather[r], as PagedMatrixView::gather.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +21,7 @@ struct ScaleSource {
   const std::int32_t* table = nullptr;  // the sequence's block table (paged)
   index_t table_stride = 1;
   index_t page_size = 1;
+  const std::int32_t* gather = nullptr;  // key r is cache position gather[r] (nullptr: r)
 
   bool empty() const { return base == nullptr; }
 
@@ -29,6 +31,16 @@ struct ScaleSource {
   void for_each_run(index_t row0, index_t rows, F&& f) const {
     if (page_stride == 0 || table == nullptr) {
       f(*base, index_t{0}, rows);
+      return;
+    }
+    if (gather) {  // runs of keys whose positions lie in one page
+      for (index_t r = row0; r < row0 + rows;) {
+        const index_t page = gather[r] / page_size;
+        index_t end = r + 1;
+        while (end < row0 + rows && gather[end] / page_size == page) ++end;
+        f(base[static_cast<index_t>(table[page * table_stride]) * page_stride], r - row0, end - r);
+        r = end;
+      }
       return;
     }
     for (index_t r = row0; r < row0 + rows;) {
