@@ -19,4 +19,5 @@
 #include "tileattn/memory/io_counter.hpp"
 #include "tileattn/mla.hpp"
 #include "tileattn/paged.hpp"
+#include "tileattn/topk.hpp"
 #include "tileattn/version.hpp"

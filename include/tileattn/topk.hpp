@@ -1,0 +1,201 @@
+// tileattn/topk.hpp: top-k sparse attention over a paged KV cache (DeepSeek V3.2's sparse
+// attention, FlashMLA's sparse decode, FlashAttention-4's topk_gather_kv): each query row
+// attends only to the keys an indexer selected for it, read through the block table.
+//
+//   // topk_indices [batch, seqlen_q, topk] int32: query (b, i)'s keys as cache positions
+//   // of sequence b, -1 for none; shared by all the heads of the row.
+//   tileattn::forward_paged_topk(q, k_pool, v_pool, table, seqlens,
+//                                tileattn::make_topk_indices(idx, B, 1, 2048), o, lse);
+//
+// Semantics: forward_paged()'s, with query row (b, i)'s keys those its topk_indices row
+// lists, each at its own cache position (what a dense call over the whole sequence with a
+// mask keeping exactly those keys computes):
+//  - -1 is padding (no key), as FlashMLA and DeepSeek use it, so topk may exceed a
+//    sequence's length; any other entry must be a key of the sequence, in
+//    [0, cache_seqlens[b]), else invalid_argument names topk_indices. A row whose entries
+//    are all -1 (or all masked) sees no key: O = 0, LSE = -inf, as a dense masked row.
+//  - A duplicate is attended twice, as a gather reads it (FlashMLA): its weight doubles.
+//  - causal, the sliding window and attention_chunk keep their dense meaning at the keys'
+//    original positions: a selected key the row could not see densely is dropped (masked).
+//    softcap, sinks, softmax_scale, 8-bit caches with their per-page scales, split-KV,
+//    batch_invariant and LSE work as in forward_paged. ALiBi, bias, mask and rotary are
+//    rejected (naming the option): they need the key's place in a dense row.
+//  - Deterministic: the same bits for every backend and thread count (and, the split-KV
+//    chunking depending on the lists' lengths only, for every tiling of the batch).
+// Prefix-once attention does not apply (PagedOptions::shared_prefix is ignored).
+//
+// How: the selected keys of one row form a compact list (indices checked, -1 and masked
+// keys dropped: O(batch x seqlen_q x topk) ints, the size of topk_indices). Each query
+// row becomes one sequence of a varlen paged call whose keys are its list, read by the
+// forward loop through a gathered K/V source (kernels/gathered_kv.hpp): the loop, tile
+// loads (which count exactly the selected rows' bytes), split-KV and merges are
+// forward_paged's. A work item is one query row x one K/V group's heads, since rows of one
+// sequence select different keys (seqlen_q > 1: verify, chunked prefill).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "tileattn/detail/topk_checks.hpp"
+#include "tileattn/kernels/gathered_kv.hpp"
+#include "tileattn/paged.hpp"
+
+namespace tileattn {
+
+/// topk_indices: [batch, seqlen_q, topk] int32 cache positions (-1: none), any non-negative strides.
+using TopkIndicesView = StridedView<const std::int32_t, 3>;
+/// The varlen form: [total_q, topk], row r for packed query row r.
+using PackedTopkIndicesView = StridedView<const std::int32_t, 2>;
+
+inline TopkIndicesView make_topk_indices(const std::int32_t* data, index_t batch, index_t seqlen_q, index_t topk) {
+  return {data, {batch, seqlen_q, topk}, {seqlen_q * topk, topk, 1}};
+}
+inline PackedTopkIndicesView make_packed_topk_indices(const std::int32_t* data, index_t total_q, index_t topk) {
+  return {data, {total_q, topk}, {topk, 1}};
+}
+
+namespace detail {
+
+/// A [batch, seqlen, ...] view's first two dimensions as one of batch x seqlen rows (the
+/// leading extent 1), where the strides allow it.
+template <class T>
+std::optional<TensorView<T>> as_rows(const TensorView<T>& v) {
+  index_t stride = v.stride[1];
+  if (v.shape[1] == 1) stride = v.stride[0];
+  else if (v.shape[0] != 1 && v.stride[0] != v.shape[1] * v.stride[1]) return std::nullopt;
+  return TensorView<T>{v.data, {1, v.shape[0] * v.shape[1], v.shape[2], v.shape[3]}, {0, stride, v.stride[2], v.stride[3]}};
+}
+/// The same for an LSE [batch, heads, seqlen_q]: [1, heads, batch x seqlen_q].
+inline std::optional<LseView> as_rows(const LseView& v) {
+  index_t stride = v.stride[2];
+  if (v.shape[2] == 1) stride = v.stride[0];
+  else if (v.shape[0] != 1 && v.stride[0] != v.shape[2] * v.stride[2]) return std::nullopt;
+  return LseView{v.data, {1, v.shape[1], v.shape[0] * v.shape[2]}, {0, v.stride[1], stride}};
+}
+
+/// Copies a [B, S, H, D] view (or a [B, H, S] LSE) element by element.
+template <class A, class B>
+void copy_elements(const TensorView<A>& from, const TensorView<B>& to) {
+  for (index_t b = 0; b < from.shape[0]; ++b)
+    for (index_t i = 0; i < from.shape[1]; ++i)
+      for (index_t h = 0; h < from.shape[2]; ++h)
+        for (index_t c = 0; c < from.shape[3]; ++c) to(b, i, h, c) = from(b, i, h, c);
+}
+
+/// Runs the top-k call of p (checked; q, o and lse as [1, rows, ...] views of the rows of
+/// `rows`): the rows as sequences of a varlen call over their gathered keys.
+template <class T, class KV>
+void run_topk(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& options) {
+  if (rows.rows() == 0) return;
+  ScoreOptions positionless;  // causal, window and chunk were applied to the lists
+  positionless.softcap = p.softcap;
+  positionless.sinks = p.sinks;
+  static_cast<ScoreOptions&>(p) = positionless;
+  const GatheredKeys keys = rows.keys();
+  p.gathered = &keys;
+  p.cu_seqlens_q = rows.cu_rows.data();
+  p.num_sequences = rows.rows();
+  p.cache_seqlens = rows.counts.data();
+  const ops::BuiltinScores scores;
+  const PagedPlan plan = make_paged_plan_scored(p, 1, rows.longest, options, scores);
+  const std::vector<float> accum = start_planned_call(p, plan, options, scores.key_tile_limit(), false);
+  if (options.io_counts) {
+    *options.io_counts = kernels::run_forward<CountingIo, kernels::GatheredPagedKv>(p, plan.tiles(), plan.work(),
+                                                                                   options.execution, scores);
+  } else {
+    kernels::run_forward<NoIoCounting, kernels::GatheredPagedKv>(p, plan.tiles(), plan.work(), options.execution,
+                                                                 scores);
+  }
+}
+
+/// forward_paged_topk of checked params p (fixed-length queries): the rows of p's views as
+/// one [1, batch x seqlen_q] batch, staged through packed copies where their strides cannot
+/// be read so (copies outside the IO counters).
+template <class T, class KV>
+void run_topk_rows(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& options) {
+  const TensorView<const T> q = p.q;
+  const TensorView<T> o = p.o;
+  const LseView lse = p.lse;
+  const index_t B = q.shape[0], S = q.shape[1], H = q.shape[2];
+  std::vector<T> q_stage, o_stage;
+  std::vector<float> lse_stage;
+  if (auto rows_q = as_rows(q)) {
+    p.q = *rows_q;
+  } else {
+    q_stage.resize(static_cast<std::size_t>(B * S * H * q.shape[3]));
+    copy_elements(q, make_bshd(q_stage.data(), B, S, H, q.shape[3]));
+    p.q = make_bshd<const T>(q_stage.data(), 1, B * S, H, q.shape[3]);
+  }
+  const auto rows_o = as_rows(o);
+  if (rows_o) {
+    p.o = *rows_o;
+  } else {
+    o_stage.resize(static_cast<std::size_t>(B * S * H * o.shape[3]));
+    p.o = make_bshd(o_stage.data(), 1, B * S, H, o.shape[3]);
+  }
+  const auto rows_lse = lse.data ? as_rows(lse) : std::optional<LseView>{LseView{}};
+  if (rows_lse) {
+    p.lse = *rows_lse;
+  } else {
+    lse_stage.resize(static_cast<std::size_t>(B * S * H));
+    p.lse = LseView{lse_stage.data(), {1, H, B * S}, {0, B * S, 1}};  // [1, heads, rows]
+  }
+  run_topk(p, rows, options);
+  if (!rows_o) copy_elements(make_bshd<const T>(o_stage.data(), B, S, H, o.shape[3]), o);
+  if (!rows_lse)
+    for (index_t b = 0; b < B; ++b)
+      for (index_t h = 0; h < H; ++h)
+        for (index_t i = 0; i < S; ++i) lse(b, h, i) = lse_stage[static_cast<std::size_t>(h * B * S + b * S + i)];
+}
+
+}  // namespace detail
+
+/// forward_paged(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, options) with
+/// query row (b, i) attending only the keys topk_indices[b, i, :] lists (cache positions of
+/// sequence b, -1 for none; the file comment gives the semantics). Every argument is checked
+/// first: a bad one throws tileattn::invalid_argument naming it, and nothing is written.
+template <class Q, class K, class V, class O>
+void forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                        BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                        TopkIndicesView topk_indices, const TensorView<O>& o, LseView lse,
+                        const PagedOptions& options = {}) {
+  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+    detail::check_topk_options(options);
+    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table,
+                                                                    cache_seqlens, o, lse, options);
+    detail::check_topk_shape(topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
+    const detail::TopkRows rows = detail::topk_rows(call.params, topk_indices);
+    detail::run_topk_rows(call.params, rows, options);
+  }
+}
+
+/// forward_paged_topk() without the log-sum-exp output.
+template <class Q, class K, class V, class O>
+void forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                        BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                        TopkIndicesView topk_indices, const TensorView<O>& o, const PagedOptions& options = {}) {
+  forward_paged_topk(q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, LseView{}, options);
+}
+
+/// forward_paged_varlen() with packed query row r attending only the keys topk_indices[r, :]
+/// lists (cache positions of its sequence, -1 for none): q and o [total_q, heads, dim],
+/// lse [heads_q, total_q] (optional: PackedLseView{}), topk_indices [total_q, topk].
+template <class Q, class K, class V, class O>
+void forward_paged_topk_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                               BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                               PackedTopkIndicesView topk_indices, const PackedView<O>& o, PackedLseView lse,
+                               std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
+  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+    detail::check_topk_options(options);
+    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
+                                                                           block_table, cache_seqlens, o, lse, options);
+    const TopkIndicesView idx = topk_indices.with_leading();
+    detail::check_topk_shape(idx, 1, q.shape[0]);
+    detail::run_topk(call.params, detail::topk_rows(call.params, idx), options);
+  }
+}
+
+}  // namespace tileattn
