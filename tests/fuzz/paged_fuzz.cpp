@@ -25,8 +25,15 @@
 // blocks; a NaN poisoned into a block makes the whole block NaN, as the codec says), and
 // rotary embedding of Q (a quarter of the inputs: tables of random sizes in either layout,
 // NeoX or interleaved pairs, now and then a NaN entry; the reference rotates Q first), and in
-// a quarter of the calls with dv <= d and no rotary, MLA (tileattn/mla.hpp:
+// a quarter of the other calls with dv <= d and no rotary, MLA (tileattn/mla.hpp:
 // forward_paged_mla(_varlen) and its plans) with V the K pool's first dv columns.
+// A quarter of the inputs call forward_paged_topk / forward_paged_topk_varlen (topk.hpp)
+// instead (never with MLA): 1 to 70 indices per query row, each -1 (padding) or any key of
+// its sequence,
+// duplicates included, without the options top-k rejects (ALiBi, bias, mask, rotary) or a
+// plan; the reference is the dense one with a mask keeping the selected keys and a bias of
+// log(times selected). Their own corruptions: an index outside [-1, cache_seqlens), an
+// indices view of the wrong shape (a plan mismatch becomes one of these).
 // Then one corruption from the list in corrupt() (or none): a page id outside the pool in a
 // used entry, cache_seqlens beyond the table, negative or of the wrong count, mismatched
 // heads and head dims, scale views of the wrong extent or on 16/32-bit pools, a plan made
@@ -87,6 +94,7 @@
 #include "fuzz/fuzz_support.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/paged.hpp"
+#include "tileattn/topk.hpp"
 
 namespace {
 
@@ -223,6 +231,9 @@ struct Problem {
   std::string applied = "none";
   fuzz::RotaryTables rotary;               // opts.rotary's tables (none: no rotation)
   bool mla = false;                        // forward_paged_mla: V the K pool's first dv columns
+  bool topk = false;                       // forward_paged_topk(_varlen)
+  index_t topk_k = 0;
+  std::vector<std::int32_t> topk_idx;      // [view batch x nq rows, topk_k]
 };
 
 index_t view_batch(const Problem& p) { return p.varlen ? 1 : p.batch; }
@@ -452,6 +463,36 @@ void build_rotary(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   p.opts.rotary = p.rotary.options;
 }
 
+/// Sequence b's rows of Q (fixed: b * nq + i; varlen: its packed rows): [first, end).
+std::pair<index_t, index_t> rows_of(const Problem& p, index_t b) {
+  if (p.varlen) return {p.cu[static_cast<std::size_t>(b)], p.cu[static_cast<std::size_t>(b) + 1]};
+  return {b * p.nq, (b + 1) * p.nq};
+}
+
+/// A quarter of the inputs: top-k indices for every query row (-1 or a key of its sequence,
+/// repeats allowed; varlen's spare rows hold ids never read), and the options top-k takes.
+void build_topk(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
+  if (in.ConsumeIntegralInRange(0, 3) != 0) return;
+  p.topk = true;
+  p.planned = false;
+  p.rerun_toggles_plan = false;
+  p.slopes.clear(), p.bias.clear(), p.mask.reset();
+  p.opts.alibi_slopes = {}, p.opts.bias = {}, p.opts.mask = {};
+  p.rotary = {};
+  p.opts.rotary = {};
+  p.topk_k = in.ConsumeIntegralInRange(1, 70);
+  // (never empty: a view's data must not be null, as for every other view, even with no rows)
+  p.topk_idx.assign(static_cast<std::size_t>(std::max<index_t>(view_batch(p) * p.nq * p.topk_k, 1)), INT_MAX);
+  const int padding = in.ConsumeIntegralInRange(0, 3);  // in quarters
+  for (index_t b = 0; b < p.batch; ++b) {
+    const auto [first, end] = rows_of(p, b);
+    const std::int32_t len = p.seqlens[static_cast<std::size_t>(b)];
+    for (index_t r = first * p.topk_k; r < end * p.topk_k; ++r)
+      p.topk_idx[static_cast<std::size_t>(r)] =
+          len == 0 || static_cast<int>(rng() % 4) < padding ? -1 : static_cast<std::int32_t>(rng() % static_cast<unsigned>(len));
+  }
+}
+
 /// Everything but the typed views: shapes, pages, values, options, layouts, the rerun.
 /// MLA: every pool row's V is its K row's first dv values, at K's scales.
 void make_latent(Problem& p) {
@@ -503,9 +544,10 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   if (!backend_available(backend)) backend = Backend::serial;
   p.again = {backend, (flags >> 3) & 3};
   build_rotary(in, p, rng);
-  // A quarter of the calls where dv <= d and Q is not rotated: MLA (mla.hpp), the K pool a
-  // latent pool whose first dv columns are V (V's values and scales become K's).
-  p.mla = in.ConsumeIntegralInRange(0, 3) == 0 && p.dv <= p.d && !p.opts.rotary.enabled();
+  build_topk(in, p, rng);
+  // A quarter of the other calls where dv <= d and Q is not rotated: MLA (mla.hpp), the K
+  // pool a latent pool whose first dv columns are V (V's values and scales become K's).
+  p.mla = in.ConsumeIntegralInRange(0, 3) == 0 && !p.topk && p.dv <= p.d && !p.opts.rotary.enabled();
   if (p.mla) make_latent(p);
 }
 
@@ -528,6 +570,8 @@ struct Call {
   std::vector<float> bad_scales;  // a scale buffer for the scale corruptions
   std::vector<float> bad_values;  // ALiBi slopes or sinks for their corruptions
   std::vector<float> bad_table;   // rotary tables for their corruptions
+  std::vector<std::int32_t> topk;  // the top-k indices (a corruption may change one)
+  index_t topk_rows = 0;           // the indices view's rows (a corruption may add one)
 };
 
 template <class T, class KV>
@@ -574,6 +618,8 @@ Call<T, KV> make_call(const Problem& p) {
   if (p.lse_on && p.varlen) c.lse2 = {c.lse.data(), {p.hq, p.nq}, {p.nq * step, step}};
   c.opts = p.opts;
   if (p.mla) c.opts.v_scale = {};  // the latent's scales: k_scale alone
+  c.topk = p.topk_idx;
+  c.topk_rows = view_batch(p) * p.nq;
   return c;
 }
 
@@ -602,6 +648,13 @@ template <class T, class KV>
 void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
   if (p.mla) {
     run_mla(p, c, opts, plan);
+  } else if (p.topk && p.varlen) {
+    const PackedTopkIndicesView idx{c.topk.data(), {c.topk_rows, p.topk_k}, {p.topk_k, 1}};
+    forward_paged_topk_varlen(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, idx, pack(c.ov), c.lse2, c.cu, opts);
+  } else if (p.topk) {
+    const TopkIndicesView idx{c.topk.data(), {c.topk_rows / p.nq, p.nq, p.topk_k}, {p.nq * p.topk_k, p.topk_k, 1}};
+    if (p.lse_on) forward_paged_topk(c.qv, c.kv, c.vv, c.table, c.seqlens, idx, c.ov, c.lse3, opts);
+    else forward_paged_topk(c.qv, c.kv, c.vv, c.table, c.seqlens, idx, c.ov, opts);
   } else if (p.varlen) {
     if (plan)
       forward_paged_varlen(*plan, pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
@@ -668,8 +721,29 @@ std::string corrupt_rotary(FuzzedDataProvider& in, const Problem& p, Call<T, KV>
 /// Makes the call invalid as `choice` says; returns what it did ("none" where the choice
 /// does not apply to this call, e.g. a page id corruption when no sequence has keys).
 /// Every change here must be rejected.
+/// A top-k call's own corruptions: an index outside [-1, cache_seqlens) in a row some
+/// sequence owns, or one row too many in the indices view.
+template <class T, class KV>
+std::string corrupt_topk(FuzzedDataProvider& in, const Problem& p, Call<T, KV>& c) {
+  if (in.ConsumeBool()) {
+    c.topk_rows += p.varlen ? 1 : p.nq;
+    return "topk_indices shape";
+  }
+  for (index_t b = 0; b < p.batch; ++b) {
+    const auto [first, end] = rows_of(p, b);
+    if (first == end) continue;
+    const index_t row = in.ConsumeIntegralInRange<index_t>(first, end - 1), j = in.ConsumeIntegralInRange<index_t>(0, p.topk_k - 1);
+    const std::int32_t len = p.seqlens[static_cast<std::size_t>(b)];
+    const std::int32_t bad[] = {len, INT_MAX, -2, INT_MIN};
+    c.topk[static_cast<std::size_t>(row * p.topk_k + j)] = bad[in.ConsumeIntegralInRange(0, 3)];
+    return "topk index out of range";
+  }
+  return "none";
+}
+
 template <class T, class KV>
 std::string corrupt(int choice, FuzzedDataProvider& in, const Problem& p, Call<T, KV>& c) {
+  if (p.topk && (choice == plan_mismatch || in.ConsumeIntegralInRange(0, 3) == 0)) return corrupt_topk(in, p, c);
   constexpr auto past_ptrdiff_max = static_cast<index_t>((std::uint64_t{1} << 63) / sizeof(KV));
   const auto some = [&](index_t n) { return in.ConsumeIntegralInRange<index_t>(0, std::max<index_t>(n - 1, 0)); };
   const index_t b = some(p.batch);
@@ -929,6 +1003,26 @@ void rotate_queries(const Problem& p, const RotaryOptions& r, const TensorView<c
   }
 }
 
+/// Top-k: the reference's mask [1, 1, lq, len] keeping sequence b's selected keys, and a
+/// bias of log(times selected) (a key selected twice weighs twice).
+void select_keys(const Problem& p, const std::vector<std::int32_t>& idx, index_t b, index_t lq, index_t len,
+                 reference::Options& ro, std::unique_ptr<bool[]>& keep, std::vector<float>& times) {
+  const auto n = static_cast<std::size_t>(std::max<index_t>(lq * len, 1));
+  keep.reset(new bool[n]());
+  times.assign(n, 0.0f);
+  const index_t first = rows_of(p, b).first;
+  for (index_t i = 0; i < lq; ++i)
+    for (index_t j = 0; j < p.topk_k; ++j)
+      if (const std::int32_t key = idx[static_cast<std::size_t>((first + i) * p.topk_k + j)]; key >= 0)
+        times[static_cast<std::size_t>(i * len + key)] += 1.0f;
+  for (std::size_t x = 0; x < n; ++x) {
+    keep[x] = times[x] > 0;
+    times[x] = times[x] > 1 ? std::log(times[x]) : 0.0f;
+  }
+  ro.mask = {keep.get(), {1, 1, lq, len}, {0, 0, len, 1}};
+  ro.bias = {times.data(), {1, 1, lq, len}, {0, 0, len, 1}};
+}
+
 /// Each sequence against the double reference; max_v receives max |V| (finite, used).
 template <class T, class KV>
 Deviation check_against_reference(const Problem& p, const Call<T, KV>& c, double& max_v) {
@@ -950,6 +1044,9 @@ Deviation check_against_reference(const Problem& p, const Call<T, KV>& c, double
     const index_t vbatch = p.varlen ? 0 : b;
     reference::Options rb = ro;
     rb.batch_index = b;
+    std::unique_ptr<bool[]> keep;  // top-k: the selected keys, and log(times selected)
+    std::vector<float> times;
+    if (p.topk) select_keys(p, c.topk, b, lq, len, rb, keep, times);
     const auto ref = reference::attention<float>(first_row(q, vbatch, start, lq),
                                                  make_bshd<const float>(kb.data(), 1, len, p.hkv, p.d),
                                                  make_bshd<const float>(vb.data(), 1, len, p.hkv, p.dv), rb);
@@ -985,7 +1082,8 @@ constexpr double lse_bound = 1e-4;
 std::string describe(const Problem& p, const std::string& corruption, const std::array<const index_t*, 4>& strides) {
   const PagedOptions& o = p.opts;
   std::string s = std::string("Q ") + q_names[static_cast<int>(p.qt)] + " KV " + kv_names[static_cast<int>(p.kv)] +
-                  (p.mla ? " mla" : "") + (p.varlen ? " varlen" : " fixed") + (p.planned ? " planned" : "") + (p.lse_on ? " lse" : "") +
+                  (p.mla ? " mla" : "") + (p.varlen ? " varlen" : " fixed") + (p.planned ? " planned" : "") +
+                  (p.topk ? " topk " + std::to_string(p.topk_k) : "") + (p.lse_on ? " lse" : "") +
                   (p.lse_layout ? " (strided)" : "") + " B " + std::to_string(p.batch) + " Nq " + std::to_string(p.nq) +
                   " H " + std::to_string(p.hq) + "/" + std::to_string(p.hkv) + " d " + std::to_string(p.d) + " dv " +
                   std::to_string(p.dv) + " page " + std::to_string(p.page) + " pages " + std::to_string(p.num_pages) +
@@ -1109,7 +1207,7 @@ void execute(FuzzedDataProvider& in, Problem& p, bool verbose) {
   Call<T, KV> c = make_call<T, KV>(p);
   std::optional<PagedPlan> plan;
   std::string what = "none";
-  const bool want_plan = p.planned || p.corruption == plan_mismatch;
+  const bool want_plan = p.planned || (p.corruption == plan_mismatch && !p.topk);  // top-k: no plan
   // The plan of the valid call (the budget may fit no tile: then the call has no plan).
   if (want_plan && p.corruption != plan_mismatch) {
     try {
@@ -1119,7 +1217,7 @@ void execute(FuzzedDataProvider& in, Problem& p, bool verbose) {
       if (!allowed_for_valid_call(p, err)) fail(std::string("the planner rejected a valid call: ") + err.what());
     }
   }
-  if (p.corruption == plan_mismatch) {
+  if (p.corruption == plan_mismatch && !p.topk) {
     try {
       plan = mismatched_plan(in, p, c, what);
       p.planned = true;
