@@ -21,6 +21,10 @@
 // (apply_rotary) first; B 8 at contexts 64, 512 and 4k, fp32 and bf16; rotary_step/paired
 // alternates the two on one workload and reports the median per-iteration speedup.
 //
+// topk/bf16: top-k sparse decode (forward_paged_topk) of 2048 keys chosen at random per
+// sequence, B 1 at 32k and B 8 at 16k; KV_GB/s counts the gathered K/V bytes (compare with the
+// decode rows' rate; benchmarks/side_by_side/topk_timer.cpp pairs it with dense decode).
+//
 // Prefix-once (shared_prefix/...): B 8 sequences share a 16k-token prefix (the same pages in
 // every block table, as KvCache::fork leaves them) and have 100-499 tokens of their own;
 // one decode step with PagedOptions::shared_prefix on ("once") and off ("per_sequence").
@@ -202,6 +206,30 @@ void decode(benchmark::State& state) {
   state.counters["of_stream"] = benchmark::Counter(w.kv_bytes() * 1e-9 / stream, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+/// Top-k sparse decode: state.range(2) keys per sequence, chosen at random (random order).
+template <class T>
+void decode_topk(benchmark::State& state) {
+  auto& w = workload<T>(state.range(0), state.range(1), 1, false);
+  const index_t topk = state.range(2);
+  std::vector<std::int32_t> idx;
+  std::mt19937 rng(5);
+  for (index_t b = 0; b < w.batch; ++b) {
+    std::vector<std::int32_t> keys(static_cast<std::size_t>(w.context));
+    std::iota(keys.begin(), keys.end(), 0);
+    std::shuffle(keys.begin(), keys.end(), rng);
+    idx.insert(idx.end(), keys.begin(), keys.begin() + topk);
+  }
+  const auto run = [&] {
+    tileattn::forward_paged_topk(w.q_view(), w.pool(w.k_pool), w.pool(w.v_pool), w.block_table(), w.seqlens,
+                                 tileattn::make_topk_indices(idx.data(), w.batch, 1, topk), w.o_view(), w.lse_view(),
+                                 w.options());
+  };
+  run();  // warm
+  timed(state, run);
+  const double bytes = 2.0 * static_cast<double>(w.batch * topk * heads_kv * head_dim) * sizeof(T);
+  state.counters["KV_GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 template <class T>
 void verify(benchmark::State& state, bool paged) {
   auto& w = workload<T>(state.range(0), state.range(1), state.range(2), true);
@@ -358,6 +386,8 @@ void register_all() {
     benchmark::RegisterBenchmark("decode/fp32", decode<float>)->Args({b, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("decode/bf16", decode<tileattn::bf16>)->Args({b, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
   }
+  for (const auto& [b, ctx] : std::vector<std::pair<index_t, index_t>>{{1, 32768}, {8, 16384}})
+    benchmark::RegisterBenchmark("topk/bf16", decode_topk<tileattn::bf16>)->Args({b, ctx, 2048})->ArgNames({"B", "ctx", "topk"})->UseManualTime()->Unit(benchmark::kMillisecond);
   // 8-bit caches (bf16 queries), B 8 at 4k and 16k: the quantized-KV goal's rows.
   for (const index_t ctx : {index_t{4096}, index_t{16384}}) {
     benchmark::RegisterBenchmark("decode/int8", decode<tileattn::bf16, std::int8_t>)->Args({8, ctx})->ArgNames({"B", "ctx"})->UseManualTime()->Unit(benchmark::kMillisecond);
