@@ -110,6 +110,22 @@ TEST(PagedTopk, MqaOddHeadDimsAndPageSizes) {
   expect_close(topk_deviation(batch, lists, {}));
 }
 
+// More than in_place_max_rows query rows per K/V group (MLA's 128 heads on one K/V head):
+// the packed path, whose K^T loads stage the gathered rows (memory/tile_io.hpp).
+TEST(PagedTopk, PackedPathOfLargeGroups) {
+  for (index_t splits : {1, 2}) {
+    PagedShape s{{600, 40}, 2, 24, 1, 72, 64, 16};
+    PagedBatch<float> batch(s, 12);
+    const TopkLists lists(s, 300, 13, 3);
+    PagedOptions opt;
+    opt.num_splits = splits;
+    opt.causal = true;
+    run_topk(batch, lists, opt);
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    expect_close(topk_deviation(batch, lists, opt));
+  }
+}
+
 TEST(PagedTopk, DuplicatesAreAttendedTwice) {
   PagedShape s{{200, 50}, 2, 4, 2, 32, 0, 16};
   PagedBatch<float> batch(s, 21);
@@ -228,7 +244,8 @@ TEST(PagedTopk, IoCountsExactlyTheSelectedRows) {
 }
 
 TEST(PagedTopk, Bf16CacheWithinTwiceANaiveBf16Error) {
-  PagedShape s{{1000, 77}, 1, 32, 8, 128, 0, 16};
+  for (const index_t heads_kv : {8, 1}) {  // 1: 32 rows per group, the packed path's bf16 pair tiles
+  PagedShape s{{1000, 77}, 1, 32, heads_kv, 128, 0, 16};
   PagedBatch<bf16> batch(s, 91);
   const TopkLists lists(s, 127, 92);
   run_topk(batch, lists);
@@ -251,14 +268,17 @@ TEST(PagedTopk, Bf16CacheWithinTwiceANaiveBf16Error) {
     const Deviation d = compare_to_reference(ref, make_bshd<const float>(o_b.data(), 1, 1, s.heads_q, s.dv()),
                                              make_lse(lse_b.data(), 1, s.heads_q, 1));
     EXPECT_TRUE(d.problem.empty()) << d.problem;
-    EXPECT_LE(d.o, 1.0 / 128);  // bf16 P and products, O rounded to bf16
-    EXPECT_LE(d.lse, 1e-2);
+    EXPECT_LE(d.o, 1.0 / 128) << "heads_kv " << heads_kv;  // bf16 P and products, O rounded to bf16
+    EXPECT_LE(d.lse, 1e-2) << "heads_kv " << heads_kv;
+  }
   }
 }
 
 TEST(PagedTopk, Int8CacheScalesFollowTheSelectedKeysPages) {
   // int8 pools with a scale per (page, K/V head); the reference sees the dequantized values.
-  PagedShape s{{400, 70}, 1, 8, 2, 64, 0, 16};
+  // Hkv 3: K and V read in place, 3 K/V heads per item; Hkv 1: 24 rows, the packed path.
+  for (const index_t heads_kv : {3, 1}) {
+  PagedShape s{{400, 70}, 1, 24, heads_kv, 64, 0, 16};
   PagedBatch<float> batch(s, 101);
   const index_t rows = s.heads_kv * s.head_dim;
   std::vector<std::int8_t> k8(batch.k_pool.size()), v8(batch.v_pool.size());
@@ -293,8 +313,9 @@ TEST(PagedTopk, Int8CacheScalesFollowTheSelectedKeysPages) {
     forward_paged_topk(batch.q_view(), make_bshd<const std::int8_t>(k8.data(), batch.num_pages, s.page_size, s.heads_kv, s.head_dim),
                        make_bshd<const std::int8_t>(v8.data(), batch.num_pages, s.page_size, s.heads_kv, s.dv()),
                        batch.block_table(), batch.seqlens, lists.view(), batch.o_view(), batch.lse_view(), opt);
-    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    SCOPED_TRACE("num_splits " + std::to_string(splits) + " heads_kv " + std::to_string(heads_kv));
     expect_close(topk_deviation(batch, lists, {}), 1e-4);
+  }
   }
 }
 

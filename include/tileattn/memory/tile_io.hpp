@@ -219,11 +219,31 @@ void load_rows(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_
   });
 }
 
+/// A gathered source's rows (top-k: scattered, a page run of one row each) are copied a
+/// block at a time into a contiguous staging block and transposed from there: one
+/// transpose of 16 rows instead of 16 of one row each (1.5x slower on MLA's d 576).
+template <class D, class S, class Io>
+void load_gathered_transposed(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_t rows, Io& io) {
+  constexpr std::size_t stage_bytes = 32768;
+  alignas(64) unsigned char stage[stage_bytes];
+  const index_t cols = src.cols;
+  const index_t block = std::clamp<index_t>(static_cast<index_t>(stage_bytes / (static_cast<std::size_t>(cols) * sizeof(S))), 1, 16);
+  S* rows_at = reinterpret_cast<S*>(stage);
+  for (index_t r0 = 0; r0 < rows; r0 += block) {
+    const index_t n = std::min(block, rows - r0);
+    for (index_t r = 0; r < n; ++r) std::copy_n(src.row(row0 + r0 + r), cols, rows_at + r * cols);
+    D part = dst.slice_cols(r0, n);
+    load_rows_transposed(part, MatrixView<const S>{rows_at, n, cols, cols, 1}, 0, n, io);
+  }
+}
+
 template <class D, class S, class Io>
 void load_rows_transposed(D& dst, const PagedMatrixView<const S>& src, index_t row0, index_t rows,
                           Io& io) {
   const index_t cols = src.cols * values_per_element<S>;  // 4-bit blocks: their values
   dst.set_extent(std::is_same_v<typename D::element_type, bf16x2> ? (cols + 1) / 2 : cols, rows);
+  if constexpr (values_per_element<S> == 1)  // (4-bit blocks: per page run, below)
+    if (src.gather && src.col_stride == 1) return load_gathered_transposed(dst, src, row0, rows, io);
   src.for_each_page_run(row0, rows, [&](const MatrixView<const S>& run, index_t at) {
     D part = dst.slice_cols(at, run.rows);
     load_rows_transposed(part, run, 0, run.rows, io);
