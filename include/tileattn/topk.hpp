@@ -89,7 +89,6 @@ void copy_elements(const TensorView<A>& from, const TensorView<B>& to) {
 /// `rows`): the rows as sequences of a varlen call over their gathered keys.
 template <class T, class KV>
 void run_topk(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& options) {
-  if (rows.rows() == 0) return;
   ScoreOptions positionless;  // causal, window and chunk were applied to the lists
   positionless.softcap = p.softcap;
   positionless.sinks = p.sinks;
@@ -100,7 +99,8 @@ void run_topk(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& 
   p.num_sequences = rows.rows();
   p.cache_seqlens = rows.counts.data();
   const ops::BuiltinScores scores;
-  const PagedPlan plan = make_paged_plan_scored(p, 1, rows.longest, options, scores);
+  const PagedPlan plan = make_paged_plan_scored(p, rows.rows() > 0 ? 1 : 0, rows.longest, options, scores);
+  if (rows.rows() == 0) return;  // (planned all the same: a budget that fits no tile throws, as forward_paged's)
   const std::vector<float> accum = start_planned_call(p, plan, options, scores.key_tile_limit(), false);
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo, kernels::GatheredPagedKv>(p, plan.tiles(), plan.work(),

@@ -216,6 +216,32 @@ TEST(PagedTopk, VarlenIsTheFixedFormBitwise) {
                   batch.lse[static_cast<std::size_t>((b * s.heads_q + h) * s.q_len + i)]);
 }
 
+// Q and O whose batch and position strides do not make one row dimension (a gap after each
+// sequence), and an LSE [B, H, S]: run_topk_rows stages them; the same bits as contiguous.
+TEST(PagedTopk, PaddedLayoutsAreTheContiguousBitwise) {
+  PagedShape s{{300, 64}, 3, 4, 2, 32, 0, 16};
+  PagedBatch<float> batch(s, 65);
+  const TopkLists lists(s, 40, 66);
+  run_topk(batch, lists);
+  const index_t row = s.heads_q * s.head_dim, gap = 5;
+  std::vector<float> q(static_cast<std::size_t>(s.batch() * (s.q_len * row + gap)), std::nanf("")), o(q.size(), sentinel);
+  for (index_t b = 0; b < s.batch(); ++b)
+    std::copy_n(batch.q.begin() + b * s.q_len * row, s.q_len * row, q.begin() + b * (s.q_len * row + gap));
+  const TensorView<float> qv{q.data(), {s.batch(), s.q_len, s.heads_q, s.head_dim}, {s.q_len * row + gap, row, s.head_dim, 1}};
+  TensorView<float> ov = qv;
+  ov.data = o.data();
+  std::vector<float> lse(batch.lse.size(), sentinel);
+  forward_paged_topk(TensorView<const float>(qv), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                     lists.view(), ov, make_lse(lse.data(), s.batch(), s.heads_q, s.q_len));
+  EXPECT_TRUE(bitwise_equal(lse, batch.lse));
+  for (index_t b = 0; b < s.batch(); ++b) {
+    EXPECT_TRUE(std::equal(batch.o.begin() + b * s.q_len * row, batch.o.begin() + (b + 1) * s.q_len * row,
+                           o.begin() + b * (s.q_len * row + gap)));
+    EXPECT_TRUE(all_equal(std::vector<float>(o.begin() + (b + 1) * (s.q_len * row + gap) - gap,
+                                             o.begin() + (b + 1) * (s.q_len * row + gap)), sentinel));
+  }
+}
+
 TEST(PagedTopk, BitwiseIdenticalAcrossBackendsAndThreadCounts) {
   PagedShape s{{5000, 999}, 2, 8, 2, 64, 0, 16};
   PagedBatch<float> batch(s, 71);

@@ -3,6 +3,7 @@
 // written, and the compaction of each query row's selected keys that the checks walk anyway.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -57,7 +58,8 @@ template <class T, class KV>
 TopkRows topk_rows(const ForwardParams<T, KV>& p, const StridedView<const std::int32_t, 3>& idx) {
   TopkRows rows;
   const index_t k = idx.shape[2];
-  rows.positions.reserve(static_cast<std::size_t>(idx.shape[0] * idx.shape[1] * k));
+  rows.positions.reserve(static_cast<std::size_t>(std::max<index_t>(idx.shape[0] * idx.shape[1] * k, 1)));
+  rows.counts.reserve(static_cast<std::size_t>(std::max<index_t>(idx.shape[0] * idx.shape[1], 1)));  // never null
   for (index_t b = 0; b < p.batch(); ++b) {
     const SequenceRange seq = p.sequence(b);
     const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
