@@ -31,8 +31,9 @@
 // instead (never with MLA): 1 to 70 indices per query row, each -1 (padding) or any key of
 // its sequence,
 // duplicates included, without the options top-k rejects (ALiBi, bias, mask, rotary) or a
-// plan; the reference is the dense one with a mask keeping the selected keys and a bias of
-// log(times selected). Their own corruptions: an index outside [-1, cache_seqlens), an
+// plan; each query row's reference is the double attention over its list itself (a
+// duplicate twice), with a mask hiding padding and the keys its causal mask, window or chunk
+// hides at their own positions (check_topk_row). Their own corruptions: an index outside [-1, cache_seqlens), an
 // indices view of the wrong shape (a plan mismatch becomes one of these).
 // Then one corruption from the list in corrupt() (or none): a page id outside the pool in a
 // used entry, cache_seqlens beyond the table, negative or of the wrong count, mismatched
@@ -1003,24 +1004,35 @@ void rotate_queries(const Problem& p, const RotaryOptions& r, const TensorView<c
   }
 }
 
-/// Top-k: the reference's mask [1, 1, lq, len] keeping sequence b's selected keys, and a
-/// bias of log(times selected) (a key selected twice weighs twice).
-void select_keys(const Problem& p, const std::vector<std::int32_t>& idx, index_t b, index_t lq, index_t len,
-                 reference::Options& ro, std::unique_ptr<bool[]>& keep, std::vector<float>& times) {
-  const auto n = static_cast<std::size_t>(std::max<index_t>(lq * len, 1));
-  keep.reset(new bool[n]());
-  times.assign(n, 0.0f);
-  const index_t first = rows_of(p, b).first;
-  for (index_t i = 0; i < lq; ++i)
-    for (index_t j = 0; j < p.topk_k; ++j)
-      if (const std::int32_t key = idx[static_cast<std::size_t>((first + i) * p.topk_k + j)]; key >= 0)
-        times[static_cast<std::size_t>(i * len + key)] += 1.0f;
-  for (std::size_t x = 0; x < n; ++x) {
-    keep[x] = times[x] > 0;
-    times[x] = times[x] > 1 ? std::log(times[x]) : 0.0f;
+/// Top-k: query row i of sequence b (rows [start, start + lq) of the views) against the
+/// double reference over its list itself: K/V [1, topk, hkv, dim] the listed keys' rows in
+/// list order (a duplicate twice, padding as a row the mask hides), with a mask [1, 1, 1,
+/// topk] that keeps an entry when it is a key the row sees densely (reference::outside_window
+/// at the key's own position), and no causal, window or chunk left. (A mask over the whole
+/// sequence with a bias of log(times listed) is the same in exact arithmetic, but at scores
+/// near 1e30 the bias rounds away.)
+Deviation check_topk_row(const Problem& p, const std::vector<std::int32_t>& idx, const reference::Options& ro, index_t b,
+                         index_t i, index_t lq, const std::vector<float>& kb, const std::vector<float>& vb,
+                         const TensorView<const float>& q_row, const TensorView<const float>& o_row, const LseView& lse_row) {
+  const index_t len = p.seqlens[static_cast<std::size_t>(b)], k = p.topk_k;
+  const index_t offset = ro.diagonal(lq, len), right = ro.causal ? 0 : ro.window_right;
+  std::vector<float> kl(static_cast<std::size_t>(k * p.hkv * p.d), 0.0f), vl(static_cast<std::size_t>(k * p.hkv * p.dv), 0.0f);
+  std::unique_ptr<bool[]> keep(new bool[static_cast<std::size_t>(k)]());
+  for (index_t j = 0; j < k; ++j) {
+    const std::int32_t key = idx[static_cast<std::size_t>((rows_of(p, b).first + i) * k + j)];
+    if (key < 0) continue;
+    keep[static_cast<std::size_t>(j)] = !reference::outside_window(ro, i, offset, key, ro.window_left, right);
+    std::copy_n(kb.begin() + key * p.hkv * p.d, p.hkv * p.d, kl.begin() + j * p.hkv * p.d);
+    std::copy_n(vb.begin() + key * p.hkv * p.dv, p.hkv * p.dv, vl.begin() + j * p.hkv * p.dv);
   }
-  ro.mask = {keep.get(), {1, 1, lq, len}, {0, 0, len, 1}};
-  ro.bias = {times.data(), {1, 1, lq, len}, {0, 0, len, 1}};
+  reference::Options rr = ro;
+  rr.causal = false;
+  rr.window_left = rr.window_right = -1;
+  rr.attention_chunk = 0;
+  rr.mask = {keep.get(), {1, 1, 1, k}, {0, 0, k, 1}};
+  const auto ref = reference::attention<float>(q_row, make_bshd<const float>(kl.data(), 1, k, p.hkv, p.d),
+                                               make_bshd<const float>(vl.data(), 1, k, p.hkv, p.dv), rr);
+  return test::compare_to_reference(ref, o_row, lse_row);
 }
 
 /// Each sequence against the double reference; max_v receives max |V| (finite, used).
@@ -1044,15 +1056,20 @@ Deviation check_against_reference(const Problem& p, const Call<T, KV>& c, double
     const index_t vbatch = p.varlen ? 0 : b;
     reference::Options rb = ro;
     rb.batch_index = b;
-    std::unique_ptr<bool[]> keep;  // top-k: the selected keys, and log(times selected)
-    std::vector<float> times;
-    if (p.topk) select_keys(p, c.topk, b, lq, len, rb, keep, times);
-    const auto ref = reference::attention<float>(first_row(q, vbatch, start, lq),
-                                                 make_bshd<const float>(kb.data(), 1, len, p.hkv, p.d),
-                                                 make_bshd<const float>(vb.data(), 1, len, p.hkv, p.dv), rb);
     LseView lse{};
     if (p.lse_on && p.varlen) lse = {const_cast<float*>(c.lse2.data) + start * c.lse2.stride[1], {1, p.hq, lq}, {0, c.lse2.stride[0], c.lse2.stride[1]}};
     if (p.lse_on && !p.varlen) lse = {c.lse3.data + b * c.lse3.stride[0], {1, p.hq, lq}, c.lse3.stride};
+    for (index_t i = 0; p.topk && i < lq; ++i) {
+      const Deviation d = check_topk_row(p, c.topk, rb, b, i, lq, kb, vb, first_row(q, vbatch, start + i, 1),
+                                         first_row(o, vbatch, start + i, 1), lse.data ? lse.slice(2, i, 1) : LseView{});
+      all.o = std::max(all.o, d.o);
+      all.lse = std::max(all.lse, d.lse);
+      if (all.problem.empty() && !d.problem.empty()) all.problem = "sequence " + std::to_string(b) + " row " + std::to_string(i) + ": " + d.problem;
+    }
+    if (p.topk) continue;
+    const auto ref = reference::attention<float>(first_row(q, vbatch, start, lq),
+                                                 make_bshd<const float>(kb.data(), 1, len, p.hkv, p.d),
+                                                 make_bshd<const float>(vb.data(), 1, len, p.hkv, p.dv), rb);
     const Deviation d = test::compare_to_reference(ref, first_row(o, vbatch, start, lq), lse);
     all.o = std::max(all.o, d.o);
     all.lse = std::max(all.lse, d.lse);
