@@ -29,12 +29,12 @@
 // forward_paged_mla(_varlen) and its plans) with V the K pool's first dv columns.
 // A quarter of the inputs call forward_paged_topk / forward_paged_topk_varlen (topk.hpp)
 // instead (never with MLA): 1 to 70 indices per query row, each -1 (padding) or any key of
-// its sequence,
-// duplicates included, without the options top-k rejects (ALiBi, bias, mask, rotary) or a
-// plan; each query row's reference is the double attention over its list itself (a
-// duplicate twice), with a mask hiding padding and the keys its causal mask, window or chunk
-// hides at their own positions (check_topk_row). Their own corruptions: an index outside [-1, cache_seqlens), an
-// indices view of the wrong shape (a plan mismatch becomes one of these).
+// its sequence, duplicates included, without the options top-k rejects (ALiBi, bias, mask,
+// rotary) or a plan; each query row's reference is the double attention over its list
+// itself (a duplicate twice), with a mask hiding padding and the keys its causal mask,
+// window or chunk hides at their own positions (check_topk_row). Their own corruptions: an
+// index outside [-1, cache_seqlens), an indices view of the wrong shape (a plan mismatch
+// becomes one of these).
 // Then one corruption from the list in corrupt() (or none): a page id outside the pool in a
 // used entry, cache_seqlens beyond the table, negative or of the wrong count, mismatched
 // heads and head dims, scale views of the wrong extent or on 16/32-bit pools, a plan made
