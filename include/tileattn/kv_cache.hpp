@@ -626,6 +626,9 @@ class KvCache {
                        std::string("needs a power-of-two ") + name + ", got " + std::to_string(value));
     c.layout = resolved_layout<T>(c.layout);
     if (c.latent) {
+      TILEATTN_REQUIRE(!blocks, "latent",
+                       std::string("is not supported for 4-bit caches yet (forward_paged_mla takes none); this one holds ") +
+                           kv_type_name<T>());
       TILEATTN_REQUIRE(c.head_dim_v <= c.head_dim, "head_dim_v",
                        "of a latent cache (V: the latent's first columns) must be <= head_dim = " +
                            std::to_string(c.head_dim) + ", got " + std::to_string(c.head_dim_v));

@@ -41,6 +41,19 @@ namespace tileattn {
 
 namespace detail {
 
+/// forward_paged_mla's element types: forward_paged's but for 4-bit blocks, which it does not take
+/// yet. Returns whether they are.
+template <class Q, class L, class O>
+constexpr bool check_mla_element_types() {
+  if constexpr (block_quantized_type<std::remove_const_t<L>>) {
+    static_assert(!block_quantized_type<std::remove_const_t<L>>,
+                  "tileattn: forward_paged_mla takes float, bf16, fp16 or 8-bit latent caches; 4-bit ones (q4_0_block, mxfp4_block, nvfp4_block) are not supported yet");
+    return false;
+  } else {
+    return check_element_types<Q, L, L, O>();
+  }
+}
+
 /// V as the first o.shape[3] columns of the latent pool (same data, same strides), after
 /// the checks that make it a view of the latent: the ones forward_paged's checks cannot
 /// make of a V they are given.
@@ -105,7 +118,7 @@ template <class Q, class L, class O>
 void forward_paged_mla(const TensorView<Q>& q, const TensorView<L>& latent_cache, BlockTableView block_table,
                        std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o, LseView lse,
                        const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, L, L, O>()) {
+  if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call = detail::mla_call(q, latent_cache, block_table, cache_seqlens, o, lse, options);
     const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
     detail::run_paged(call.params, plan, detail::latent_options(options));
@@ -125,7 +138,7 @@ template <class Q, class L, class O>
 PagedPlan plan_forward_paged_mla(const TensorView<Q>& q, const TensorView<L>& latent_cache, BlockTableView block_table,
                                  std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o, LseView lse,
                                  const PagedOptions& options = {}) {
-  detail::check_element_types<Q, L, L, O>();
+  detail::check_mla_element_types<Q, L, O>();
   const auto call = detail::mla_call(q, latent_cache, block_table, cache_seqlens, o, lse, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
@@ -135,7 +148,7 @@ template <class Q, class L, class O>
 void forward_paged_mla(const PagedPlan& plan, const TensorView<Q>& q, const TensorView<L>& latent_cache,
                        BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                        const TensorView<O>& o, LseView lse, const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, L, L, O>()) {
+  if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call = detail::mla_call(q, latent_cache, block_table, cache_seqlens, o, lse, options);
     detail::run_paged(call.params, plan, detail::latent_options(options));
   }
@@ -147,7 +160,7 @@ template <class Q, class L, class O>
 void forward_paged_mla_varlen(const PackedView<Q>& q, const TensorView<L>& latent_cache, BlockTableView block_table,
                               std::span<const std::int32_t> cache_seqlens, const PackedView<O>& o, PackedLseView lse,
                               std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, L, L, O>()) {
+  if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call =
         detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
     const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
@@ -161,7 +174,7 @@ PagedPlan plan_forward_paged_mla_varlen(const PackedView<Q>& q, const TensorView
                                         BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                                         const PackedView<O>& o, PackedLseView lse,
                                         std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
-  detail::check_element_types<Q, L, L, O>();
+  detail::check_mla_element_types<Q, L, O>();
   const auto call = detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
@@ -172,7 +185,7 @@ void forward_paged_mla_varlen(const PagedPlan& plan, const PackedView<Q>& q, con
                               BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                               const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
                               const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, L, L, O>()) {
+  if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call =
         detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
     detail::run_paged(call.params, plan, detail::latent_options(options));

@@ -59,6 +59,19 @@ inline PackedTopkIndicesView make_packed_topk_indices(const std::int32_t* data, 
 
 namespace detail {
 
+/// forward_paged_topk's element types: forward_paged's but for 4-bit blocks, which it does not take
+/// yet. Returns whether they are.
+template <class Q, class K, class V, class O>
+constexpr bool check_topk_element_types() {
+  if constexpr (block_quantized_type<std::remove_const_t<K>>) {
+    static_assert(!block_quantized_type<std::remove_const_t<K>>,
+                  "tileattn: forward_paged_topk takes float, bf16, fp16 or 8-bit K/V pools; 4-bit ones (q4_0_block, mxfp4_block, nvfp4_block) are not supported yet");
+    return false;
+  } else {
+    return check_element_types<Q, K, V, O>();
+  }
+}
+
 /// A [batch, seqlen, ...] view's first two dimensions as one of batch x seqlen rows (the
 /// leading extent 1), where the strides allow it.
 template <class T>
@@ -162,7 +175,7 @@ void forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, co
                         BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                         TopkIndicesView topk_indices, const TensorView<O>& o, LseView lse,
                         const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+  if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
     detail::check_topk_options(options);
     const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table,
                                                                     cache_seqlens, o, lse, options);
@@ -188,7 +201,7 @@ void forward_paged_topk_varlen(const PackedView<Q>& q, const TensorView<K>& k_ca
                                BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                                PackedTopkIndicesView topk_indices, const PackedView<O>& o, PackedLseView lse,
                                std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
-  if constexpr (detail::check_element_types<Q, K, V, O>()) {
+  if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
     detail::check_topk_options(options);
     const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
                                                                            block_table, cache_seqlens, o, lse, options);

@@ -545,10 +545,11 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   if (!backend_available(backend)) backend = Backend::serial;
   p.again = {backend, (flags >> 3) & 3};
   build_rotary(in, p, rng);
-  build_topk(in, p, rng);
+  if (!four_bit(p.kv)) build_topk(in, p, rng);  // (top-k and MLA take no 4-bit pools yet)
   // A quarter of the other calls where dv <= d and Q is not rotated: MLA (mla.hpp), the K
   // pool a latent pool whose first dv columns are V (V's values and scales become K's).
-  p.mla = in.ConsumeIntegralInRange(0, 3) == 0 && !p.topk && p.dv <= p.d && !p.opts.rotary.enabled();
+  p.mla = in.ConsumeIntegralInRange(0, 3) == 0 && !p.topk && !four_bit(p.kv) && p.dv <= p.d &&
+          !p.opts.rotary.enabled();
   if (p.mla) make_latent(p);
 }
 
@@ -645,18 +646,26 @@ void run_mla(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, c
     forward_paged_mla(c.qv, c.kv, c.table, c.seqlens, c.ov, c.lse3, opts);
 }
 
+/// forward_paged_topk(_varlen): the problem's indices, [rows, topk] or [batch, nq, topk].
 template <class T, class KV>
-void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
-  if (p.mla) {
-    run_mla(p, c, opts, plan);
-  } else if (p.topk && p.varlen) {
+void run_topk(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts) {
+  if (p.varlen) {
     const PackedTopkIndicesView idx{c.topk.data(), {c.topk_rows, p.topk_k}, {p.topk_k, 1}};
     forward_paged_topk_varlen(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, idx, pack(c.ov), c.lse2, c.cu, opts);
-  } else if (p.topk) {
-    const TopkIndicesView idx{c.topk.data(), {c.topk_rows / p.nq, p.nq, p.topk_k}, {p.nq * p.topk_k, p.topk_k, 1}};
-    if (p.lse_on) forward_paged_topk(c.qv, c.kv, c.vv, c.table, c.seqlens, idx, c.ov, c.lse3, opts);
-    else forward_paged_topk(c.qv, c.kv, c.vv, c.table, c.seqlens, idx, c.ov, opts);
-  } else if (p.varlen) {
+    return;
+  }
+  const TopkIndicesView idx{c.topk.data(), {c.topk_rows / p.nq, p.nq, p.topk_k}, {p.nq * p.topk_k, p.topk_k, 1}};
+  if (p.lse_on) forward_paged_topk(c.qv, c.kv, c.vv, c.table, c.seqlens, idx, c.ov, c.lse3, opts);
+  else forward_paged_topk(c.qv, c.kv, c.vv, c.table, c.seqlens, idx, c.ov, opts);
+}
+
+template <class T, class KV>
+void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
+  if constexpr (!block_quantized_type<KV>) {  // (MLA and top-k take no 4-bit pools: never drawn)
+    if (p.mla) return run_mla(p, c, opts, plan);
+    if (p.topk) return run_topk(p, c, opts);
+  }
+  if (p.varlen) {
     if (plan)
       forward_paged_varlen(*plan, pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
     else
@@ -672,9 +681,11 @@ void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const
 
 template <class T, class KV>
 PagedPlan make_plan(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts) {
-  if (p.mla && p.varlen)
-    return plan_forward_paged_mla_varlen(pack(c.qv), c.kv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
-  if (p.mla) return plan_forward_paged_mla(c.qv, c.kv, c.table, c.seqlens, c.ov, c.lse3, opts);
+  if constexpr (!block_quantized_type<KV>) {
+    if (p.mla && p.varlen)
+      return plan_forward_paged_mla_varlen(pack(c.qv), c.kv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
+    if (p.mla) return plan_forward_paged_mla(c.qv, c.kv, c.table, c.seqlens, c.ov, c.lse3, opts);
+  }
   if (p.varlen) return plan_forward_paged_varlen(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
   return plan_forward_paged(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, opts);
 }

@@ -535,6 +535,11 @@ TYPED_TEST(BlockForward, RejectsHeadDimNotAMultipleOfTheBlock) {
                       "head_dim");
   EXPECT_THROW_NAMING(
       (KvCache<B>{{.num_pages = 2, .page_size = 4, .heads_kv = 1, .head_dim = 64, .head_dim_v = 40}}), "head_dim_v");
+  // No 4-bit latent caches yet (forward_paged_mla and forward_paged_topk reject 4-bit pools
+  // at compile time).
+  EXPECT_THROW_NAMING(
+      (KvCache<B>{{.num_pages = 2, .page_size = 4, .heads_kv = 1, .head_dim = 64, .head_dim_v = 32, .latent = true}}),
+      "latent");
   KvCache<B> cache({.num_layers = 1, .num_pages = 2, .page_size = 4, .heads_kv = 1, .head_dim = 64});
   const SequenceId id = cache.create();
   std::vector<float> rows(64, 1.0f), q(48, 1.0f), o(64, sentinel);
