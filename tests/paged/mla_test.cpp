@@ -15,22 +15,13 @@
 
 #include "reference/naive_attention.hpp"
 #include "support/naive_same_precision.hpp"
+#include "support/expect_throw_naming.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/mla.hpp"
 
 namespace tileattn::test {
 namespace {
-
-#define EXPECT_THROW_NAMING(statement, name)                                              \
-  do {                                                                                    \
-    try {                                                                                 \
-      statement;                                                                          \
-      ADD_FAILURE() << "no exception; expected one naming " << (name);                    \
-    } catch (const tileattn::invalid_argument& e) {                                       \
-      EXPECT_EQ(e.parameter(), std::string(name)) << e.what();                            \
-    }                                                                                     \
-  } while (0)
 
 struct LatentShape {
   std::vector<index_t> k_lens;

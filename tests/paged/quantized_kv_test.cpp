@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "reference/naive_attention.hpp"
+#include "support/expect_throw_naming.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/kv_cache.hpp"
 #include "tileattn/paged.hpp"
@@ -25,17 +26,6 @@
 
 namespace tileattn::test {
 namespace {
-
-/// The statement throws tileattn::invalid_argument whose parameter() is `name`.
-#define EXPECT_THROW_NAMING(statement, name)                                              \
-  do {                                                                                    \
-    try {                                                                                 \
-      statement;                                                                          \
-      ADD_FAILURE() << "no exception; expected one naming " << (name);                    \
-    } catch (const tileattn::invalid_argument& e) {                                       \
-      EXPECT_EQ(e.parameter(), std::string(name)) << e.what();                            \
-    }                                                                                     \
-  } while (0)
 
 /// Random 8-bit K or V of `count` heads-rows: values N(0, 1) quantized at the scale of their
 /// (block, head); `deq` receives each value dequantized (exact in float).
