@@ -15,6 +15,8 @@
 // bf16 latent cache [pages of 64, heads_kv 1, 576], bf16 Q [B, 1, Hq, 576], O [B, 1, Hq, 512].
 // Target (issue #33): >= 3x the generic path at 128 heads.
 #include <tileattn/tileattn.hpp>
+
+#include "timing.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,20 +30,12 @@
 
 namespace {
 
+using side_by_side::seconds;
+using side_by_side::median;
+
 using tileattn::bf16;
 using tileattn::index_t;
 constexpr index_t rank = 512, rope = 64, dim = rank + rope, page = 64;
-
-double seconds(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::string ms(const std::vector<double>& v) {
   char buf[64];

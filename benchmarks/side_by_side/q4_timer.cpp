@@ -16,6 +16,8 @@
 // Targets (issue #33): q4_0 step <= 0.35x bf16's; q4_0 bytes / time >= 0.7 of streaming.
 #include <tileattn/tileattn.hpp>
 
+#include "timing.hpp"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -30,19 +32,11 @@
 
 namespace {
 
+using side_by_side::seconds;
+using side_by_side::median;
+
 using tileattn::index_t;
 constexpr index_t hq = 32, hkv = 8, dim = 128, page = 16;
-
-double seconds(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 /// Reads every float of `buffer` on `threads` threads (the flush, and the streaming probe).
 double read_all(const std::vector<float>& buffer, int threads) {

@@ -14,6 +14,8 @@
 //   invariant    a decode step of 8 sequences of 1k to 32k keys (bf16 paged cache, Hq 32, Hkv 8,
 //                d 128) with batch_invariant against the default split-KV: the mode's cost.
 #include <tileattn/tileattn.hpp>
+
+#include "timing.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +26,9 @@
 #include <vector>
 
 namespace {
+
+using side_by_side::seconds;
+using side_by_side::median;
 
 using tileattn::index_t;
 constexpr index_t hq = 32, hkv = 8, dim = 128, page = 16;
@@ -37,18 +42,6 @@ std::vector<T> random_values(std::size_t n, unsigned seed) {
   return x;
 }
 
-/// Seconds of one call.
-double time_call(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 /// R paired repetitions of `base` and `option` after a warm-up of each; prints the summary.
 void compare(const char* workload, const char* base_name, const std::function<void()>& base,
              const char* option_name, const std::function<void()>& option, int threads, int repeats) {
@@ -58,8 +51,8 @@ void compare(const char* workload, const char* base_name, const std::function<vo
   for (int r = 0; r < repeats; ++r) {
     const bool option_first = r % 2 == 1;
     double a = 0, b = 0;
-    if (option_first) b = time_call(option), a = time_call(base);
-    else a = time_call(base), b = time_call(option);
+    if (option_first) b = seconds(option), a = seconds(base);
+    else a = seconds(base), b = seconds(option);
     tb.push_back(a), to.push_back(b), ratio.push_back(b / a);
   }
   const auto ms = [](const std::vector<double>& v) {

@@ -14,6 +14,8 @@
 // top-k; "topk/full" (ideal: 2048 / 32768 = 0.0625) and "topk/dense2k" (ideal: ~1.0, the
 // gathered rows cost what contiguous ones do) paired ratios; topk's GB/s of gathered K/V.
 #include <tileattn/tileattn.hpp>
+
+#include "timing.hpp"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -25,6 +27,8 @@
 #include <vector>
 
 namespace {
+
+using side_by_side::median;
 
 using tileattn::bf16;
 using tileattn::index_t;
@@ -44,17 +48,12 @@ void flush(std::vector<char>& buffer) {
   for (std::size_t i = 0; i < buffer.size(); i += 64) sink = static_cast<char>(sink + buffer[i]);
 }
 
+/// Seconds of one call of f, the caches flushed first.
 double seconds(const std::function<void()>& f, std::vector<char>& buffer) {
   flush(buffer);
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return side_by_side::seconds(f);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 std::string summary(const std::vector<double>& v, double unit, const char* what) {
   char text[96];
   std::snprintf(text, sizeof text, "%.4g %s (%.4g-%.4g)", median(v) * unit, what,
