@@ -99,16 +99,11 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
     TILEATTN_REQUIRE(!hadamard || ops::hadamard_length(d), "hadamard",
                      "needs power-of-two head dims, got " + std::to_string(d));
   std::vector<float> x(static_cast<std::size_t>(std::max(k_rows.shape[2], v_rows.shape[2])));
-  for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
-    const std::int64_t slot = slot_mapping[i];
-    if (slot < 0) continue;
-    const auto token = static_cast<index_t>(i);
-    const index_t position = rotary.enabled() ? positions[i] : 0;
-    detail::quantize_token_blocks(k_rows, token, k_cache, slot / page_size, slot % page_size, rotary, position,
-                                  hadamard, x.data());
-    detail::quantize_token_blocks(v_rows, token, v_cache, slot / page_size, slot % page_size, RotaryOptions{}, 0,
-                                  hadamard, x.data());
-  }
+  detail::for_each_slot(slot_mapping, page_size, rotary, positions, [&](index_t token, index_t page, index_t row,
+                                                                        index_t position) {
+    detail::quantize_token_blocks(k_rows, token, k_cache, page, row, rotary, position, hadamard, x.data());
+    detail::quantize_token_blocks(v_rows, token, v_cache, page, row, RotaryOptions{}, 0, hadamard, x.data());
+  });
 }
 
 }  // namespace tileattn

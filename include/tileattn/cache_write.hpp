@@ -375,6 +375,21 @@ void apply_rotary(const StridedView<T, 3>& rows, std::span<const std::int64_t> p
 
 namespace tileattn {
 
+namespace detail {
+/// The quantizing writes' loop (8-bit here, 4-bit in block_cache_write.hpp): f(token, page,
+/// row in the page, position) for each token whose slot is >= 0 (position: the token's
+/// rotary position, 0 without rotary).
+template <class F>
+void for_each_slot(std::span<const std::int64_t> slot_mapping, index_t page_size, const RotaryOptions& rotary,
+                   std::span<const std::int64_t> positions, F&& f) {
+  for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
+    const std::int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    f(static_cast<index_t>(i), slot / page_size, slot % page_size, rotary.enabled() ? positions[i] : 0);
+  }
+}
+}  // namespace detail
+
 /// write_kv_slots into quantized pools (fp8_e4m3, fp8_e5m2 or std::int8_t): k_new and v_new
 /// in float, bf16 or fp16 are quantized as they are written, at k_scale / v_scale
 /// [num_pages or 1, heads_kv or 1]: fixed for fp8 (each > 0), per (page, K/V head) and
@@ -405,15 +420,11 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
     detail::check_apart_from_rotary(rotary, positions, v_scale, "v_scale");
   }
   std::vector<float> x(static_cast<std::size_t>(std::max(k_rows.shape[2], v_rows.shape[2])));
-  for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
-    const std::int64_t slot = slot_mapping[i];
-    if (slot < 0) continue;
-    const auto token = static_cast<index_t>(i);
-    const index_t position = rotary.enabled() ? positions[i] : 0;
-    detail::quantize_token(k_rows, token, k_cache, ks, slot / page_size, slot % page_size, rotary, position, x.data());
-    detail::quantize_token(v_rows, token, v_cache, vs, slot / page_size, slot % page_size, RotaryOptions{}, 0,
-                           x.data());
-  }
+  detail::for_each_slot(slot_mapping, page_size, rotary, positions, [&](index_t token, index_t page, index_t row,
+                                                                        index_t position) {
+    detail::quantize_token(k_rows, token, k_cache, ks, page, row, rotary, position, x.data());
+    detail::quantize_token(v_rows, token, v_cache, vs, page, row, RotaryOptions{}, 0, x.data());
+  });
 }
 
 }  // namespace tileattn
