@@ -108,17 +108,7 @@ TEST(PagedForward, BitwiseIdenticalAcrossBackendsAndThreadCounts) {
   PagedShape s{{5000, 1, 999}, 1, 8, 2, 64, 0, 16};
   PagedBatch<float> batch(s, 9);
   PagedOptions opt;  // automatic split: the 5000-key sequence is cut
-  batch.run(opt);
-  const auto first = batch.o;
-  const auto first_lse = batch.lse;
-  for (Backend backend : compiled_backends())
-    for (int threads : {1, 2, 3, 7}) {
-      opt.execution = {backend, threads};
-      batch.reset_outputs();
-      batch.run(opt);
-      EXPECT_TRUE(bitwise_equal(batch.o, first) && bitwise_equal(batch.lse, first_lse))
-          << to_string(backend) << " x " << threads;
-    }
+  expect_same_bits_on_every_backend(batch, opt, [&](const PagedOptions& o) { batch.run(o); });
 }
 
 TEST(PagedForward, RepeatedSplitRunsGiveTheSameBitsOnEveryBackendAndThreadCount) {

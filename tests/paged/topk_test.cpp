@@ -249,18 +249,8 @@ TEST(PagedTopk, BitwiseIdenticalAcrossBackendsAndThreadCounts) {
   for (index_t splits : {0, 3}) {
     PagedOptions opt;  // automatic split: the 2048-key lists are cut
     opt.num_splits = splits;
-    batch.reset_outputs();
-    run_topk(batch, lists, opt);
-    const auto first = batch.o;
-    const auto first_lse = batch.lse;
-    for (Backend backend : compiled_backends())
-      for (int threads : {1, 2, 3, 7}) {
-        opt.execution = {backend, threads};
-        batch.reset_outputs();
-        run_topk(batch, lists, opt);
-        EXPECT_TRUE(bitwise_equal(batch.o, first) && bitwise_equal(batch.lse, first_lse))
-            << to_string(backend) << " x " << threads << " num_splits " << splits;
-      }
+    expect_same_bits_on_every_backend(batch, opt, [&](const PagedOptions& o) { run_topk(batch, lists, o); },
+                                      " num_splits " + std::to_string(splits));
   }
 }
 

@@ -9,6 +9,7 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -143,6 +144,24 @@ inline void expect_close(const Deviation& d, double tol = forward_o_tolerance) {
   EXPECT_TRUE(d.problem.empty()) << d.problem;
   EXPECT_LE(d.o, tol);
   EXPECT_LE(d.lse, tol);
+}
+
+/// Runs `run(opt)` on `batch` once, then on every compiled backend at 1, 2, 3 and 7 threads,
+/// and expects O and LSE bitwise the same each time (`what` tells the failures apart).
+template <class Batch, class Run>
+void expect_same_bits_on_every_backend(Batch& batch, PagedOptions opt, Run&& run, const std::string& what = "") {
+  batch.reset_outputs();
+  run(opt);
+  const auto first = batch.o;
+  const auto first_lse = batch.lse;
+  for (Backend backend : compiled_backends())
+    for (int threads : {1, 2, 3, 7}) {
+      opt.execution = {backend, threads};
+      batch.reset_outputs();
+      run(opt);
+      EXPECT_TRUE(bitwise_equal(batch.o, first) && bitwise_equal(batch.lse, first_lse))
+          << to_string(backend) << " x " << threads << what;
+    }
 }
 
 }  // namespace tileattn::test
