@@ -98,6 +98,14 @@ class PagedPlan {
   /// Prefix-once attention's groups and prefix pass (PagedOptions::shared_prefix); nullptr:
   /// none, every sequence attends all its keys itself.
   const kernels::SharedPrefixPlan* shared_prefix() const { return shared_prefix_.get(); }
+  /// Prefix-once attention's groups, in order of their first member: which sequences attend
+  /// which shared keys once together (empty: none; every sequence attends all its keys
+  /// itself). The same on every machine, micro-kernel set and SRAM budget: it depends on
+  /// the block table's page ids, the query lengths, the options and shared_prefix_min_keys.
+  std::span<const SharedPrefixGroup> shared_prefix_groups() const {
+    if (!shared_prefix_) return {};
+    return shared_prefix_->groups;
+  }
   const kernels::KeySplit& split() const { return split_; }
 
   struct Signature {  // everything the work list depends on
@@ -226,7 +234,7 @@ PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, inde
                           const PagedOptions& options) {
   PagedPlan plan = make_paged_plan_scored(p, longest_q, longest_k, options, ops::BuiltinScores{});
   if (!shared_prefix_allowed(p, options)) return plan;
-  auto groups = kernels::find_shared_prefixes(p, plan.tiles().key_tile_rows, options.shared_prefix_min_keys,
+  auto groups = kernels::find_shared_prefixes(p, options.shared_prefix_min_keys,
                                               split_max_query_rows);
   if (groups.empty()) return plan;
   auto shared = std::make_shared<const kernels::SharedPrefixPlan>(kernels::make_shared_prefix_plan(

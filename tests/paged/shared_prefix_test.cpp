@@ -19,6 +19,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -271,9 +272,8 @@ void check_against_per_sequence(const SharedBatch<T, KV>& batch, PagedOptions op
   EXPECT_EQ(groups_of(plan), expected);
   if (const auto* shared = plan.shared_prefix())
     for (const auto& g : shared->groups) {
-      EXPECT_EQ(g.keys % plan.tiles().key_tile_rows, 0) << "the shared keys end on a key tile";
+      EXPECT_EQ(g.keys, g.pages * batch.page_size) << "whole pages, whatever the key tile";
       EXPECT_GE(g.keys, opt.shared_prefix_min_keys);
-      EXPECT_LE(g.keys, g.pages * batch.page_size);
     }
   const auto once = batch.run(opt);
   const auto planned = batch.run(opt, &plan);
@@ -324,6 +324,52 @@ void check_hand_made() {
 TEST(SharedPrefix, Fp32HandMadeTablesDecodeAndVerify) { check_hand_made<float, float>(); }
 TEST(SharedPrefix, Bf16HandMadeTablesDecodeAndVerify) { check_hand_made<bf16, bf16>(); }
 TEST(SharedPrefix, Int8CacheHandMadeTablesDecodeAndVerify) { check_hand_made<float, std::int8_t>(); }
+
+/// The groups come from the page ids alone: the same under every key tile the micro-kernel
+/// sets choose (bf16 panels of 128 keys on AVX-512 BF16, 512 on AMX: forced here through
+/// detail::panel_keys, so every machine plans both) and every SRAM budget, and the results
+/// stay within the rule of the reference and the per-sequence path under each. Before the
+/// members' own key tiles started right after the shared keys, the shared keys were cut to
+/// a multiple of the key tile: AMX's 512-key panels left the hand-made batch no group.
+template <class T, class KV>
+void check_groups_independent_of_key_tile() {
+  for (index_t q_len : {1, 4}) {
+    const SharedBatch<T, KV> batch(hand_made(q_len), 16, 8, 2, 64, 40 + static_cast<std::uint64_t>(q_len));
+    const double naive = std::is_same_v<T, bf16> ? batch.naive_error(batch.options()) : 0.0;
+    for (index_t panel : {0, 128, 512})
+      for (std::size_t budget : {std::size_t{0}, std::size_t{96} << 10}) {
+        SCOPED_TRACE("q_len " + std::to_string(q_len) + ", panel_keys " + std::to_string(panel) + ", budget " +
+                     std::to_string(budget));
+        detail::panel_keys = panel;
+        PagedOptions opt = batch.options();
+        opt.sram_budget_bytes = budget;
+        check_against_per_sequence(batch, opt, {{0, 1, 2, 3, 8}, {4, 5, 6}}, naive);
+        detail::panel_keys = 0;
+      }
+  }
+}
+
+TEST(SharedPrefix, Bf16GroupsDoNotDependOnTheKeyTileOrTheBudget) { check_groups_independent_of_key_tile<bf16, bf16>(); }
+TEST(SharedPrefix, Fp32GroupsDoNotDependOnTheKeyTileOrTheBudget) { check_groups_independent_of_key_tile<float, float>(); }
+
+TEST(SharedPrefix, AForkOfFewerKeysThanAKeyTileIsGroupedAndShown) {
+  // Two sequences forked after 96 keys (6 pages of 16), fewer than one key tile of every
+  // micro-kernel set (128 and more): with shared_prefix_min_keys 64 they form one group of
+  // 96 keys, which the public PagedPlan::shared_prefix_groups() shows.
+  const std::vector<SeqSpec> specs{{300, 1}, {250, 1, 0, 6}, {90, 1}};
+  const SharedBatch<bf16> batch(specs, 16, 8, 2, 64, 17);
+  PagedOptions opt = batch.options();
+  opt.shared_prefix_min_keys = 64;
+  const PagedPlan plan = batch.plan(opt);
+  const std::span<const SharedPrefixGroup> groups = plan.shared_prefix_groups();
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].members, (std::vector<index_t>{0, 1}));
+  EXPECT_EQ(groups[0].keys, 96);
+  EXPECT_EQ(groups[0].pages, 6);
+  check_against_per_sequence(batch, opt, {{0, 1}}, batch.naive_error(opt));
+  opt.shared_prefix = false;
+  EXPECT_TRUE(batch.plan(opt).shared_prefix_groups().empty());
+}
 
 TEST(SharedPrefix, VarlenMixesDecodeAndVerifyInOneGroup) {
   std::vector<SeqSpec> specs = hand_made(1);
@@ -596,12 +642,22 @@ TEST(SharedPrefix, BadMinKeysAndAPlanWhoseTableNoLongerSharesThrowAndWriteNothin
     EXPECT_EQ(e.parameter(), "plan");
   }
   EXPECT_TRUE(all_equal(o, sentinel) && all_equal(lse, sentinel)) << "nothing is written";
-  // the direct call plans for the table it gets: 5 leaves the group, and the result is right
+  // the direct call plans for the table it gets: 5 now shares 3 pages (48 keys, at least
+  // shared_prefix_min_keys 32) with 4 and 6, so their group shares those, and the result is right
   const auto r = batch.run(opt);
   const Deviation dev = batch.against_reference(r, opt);
   EXPECT_TRUE(dev.problem.empty()) << dev.problem;
   EXPECT_LE(dev.o, forward_o_tolerance);
+  const PagedPlan replanned = batch.plan(opt);
+  EXPECT_EQ(groups_of(replanned), (Groups{{0, 1, 2, 3, 8}, {4, 5, 6}}));
+  ASSERT_EQ(replanned.shared_prefix_groups().size(), 2u);
+  EXPECT_EQ(replanned.shared_prefix_groups()[1].keys, 48);
+  // with a minimum above 48 keys, 5 leaves the group and 4 and 6 keep their 18 pages
+  opt.shared_prefix_min_keys = 64;
   EXPECT_EQ(groups_of(batch.plan(opt)), (Groups{{0, 1, 2, 3, 8}, {4, 6}}));
+  const Deviation dev64 = batch.against_reference(batch.run(opt), opt);
+  EXPECT_TRUE(dev64.problem.empty()) << dev64.problem;
+  EXPECT_LE(dev64.o, forward_o_tolerance);
 }
 
 }  // namespace

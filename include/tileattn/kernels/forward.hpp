@@ -370,8 +370,12 @@ void start_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Til
 }
 
 /// The key tiles an item visits: [col_begin, key_end) in steps of Bc. Key tiles start at
-/// multiples of Bc (and key chunks too), so each row meets the same tiles whatever query
-/// tile it is in: results do not depend on the packing or the thread count.
+/// the item's first key (blk.key_begin) plus multiples of Bc: at multiples of Bc for a
+/// whole sequence or a split-KV chunk (whose chunks are multiples of Bc), and right after
+/// the shared keys for a sequence's own items after a prefix-once pass (any whole number of
+/// pages, kernels/shared_prefix.hpp), so no tile reaches back into keys another item
+/// attends. Each row meets the same tiles whatever query tile it is in: results do not
+/// depend on the packing or the thread count.
 struct KeyRange {
   index_t col_begin, key_end;
 };
@@ -380,7 +384,7 @@ KeyRange key_range(const QueryBlock& blk, const Mods& mods, index_t bc) {
   const ops::PackedRows& rows = blk.rows;
   const index_t key_end = std::min(blk.key_end, mods.window().end(rows.position0 + rows.positions - 1));
   const index_t key_first = std::max(blk.key_begin, mods.window().first(rows.position0));
-  return {key_first / bc * bc, key_end};
+  return {blk.key_begin + (key_first - blk.key_begin) / bc * bc, key_end};
 }
 
 /// A packed item: its queries, the key loop with K^T and V tiles, its output. `scores`

@@ -11,8 +11,10 @@
 //     ids. A sequence may join one when every one of its query rows sees all the shared
 //     keys (its window, causal diagonal and attention chunk cover them: decode and causal
 //     verify after the prefix do) and it has few query rows (split-KV's rule); only whole
-//     pages within every member's visible keys are shared, and the shared keys are cut to
-//     a multiple of the key tile, so that each member's own items start on a key tile.
+//     pages within every member's visible keys are shared. The groups depend on the page
+//     ids, the query lengths and shared_prefix_min_keys alone, never on the key tile (so
+//     never on the micro-kernel set or the SRAM budget): the members' own items start
+//     their key tiles right after the shared keys (kernels/forward.hpp, key_range).
 //     One level: a group shares the pages all its members share (no tree of prefixes).
 //   - SharedPrefixPlan: the prefix pass as a paged varlen batch of its own: sequence g is
 //     group g, its queries the members' queries one after another (gathered per call), its
@@ -42,15 +44,20 @@
 #include "tileattn/kernels/work_list.hpp"
 #include "tileattn/ops/score_mods.hpp"
 
-namespace tileattn::kernels {
+namespace tileattn {
 
-/// Sequences whose block tables start with the same `pages` page ids; their first `keys`
-/// keys (pages * page_size at most, a multiple of the key tile) are attended once.
+/// One group of prefix-once attention (public: PagedPlan::shared_prefix_groups()): the
+/// sequences whose block tables start with the same `pages` page ids; their first `keys`
+/// keys (pages * page_size) are attended once for all of them.
 struct SharedPrefixGroup {
   std::vector<index_t> members;  // batch indices, ascending
-  index_t pages = 0;             // the table entries every call must still share: ceil(keys / page_size)
+  index_t pages = 0;             // the table entries every call must still share
   index_t keys = 0;
 };
+
+}  // namespace tileattn
+
+namespace tileattn::kernels {
 
 /// The keys [0, n) every query row of sequence `seq` sees whole (its window, causal
 /// diagonal and attention chunk allow all of them), or 0 when the sequence may not join a
@@ -65,13 +72,13 @@ index_t visible_prefix_keys(const ForwardParams<T, KV>& p, const SequenceRange& 
 }
 
 /// The groups of sequences of p's paged batch that share at least min_keys keys of whole
-/// prefix pages (compared by page id), the shared keys cut to a multiple of key_tile.
+/// prefix pages (compared by page id).
 /// Sequences are first bucketed by their first page, so a batch without sharing costs a sort
 /// of its sequences; a bucket is sorted by its rows and cut where neighbours share fewer
 /// than min_keys keys, and each run of two or more becomes a group sharing what all of its
 /// members share.
 template <class T, class KV>
-std::vector<SharedPrefixGroup> find_shared_prefixes(const ForwardParams<T, KV>& p, index_t key_tile, index_t min_keys,
+std::vector<SharedPrefixGroup> find_shared_prefixes(const ForwardParams<T, KV>& p, index_t min_keys,
                                                     index_t max_query_rows) {
   const index_t page_size = p.k.shape[dim::seqlen];
   const auto& table = p.block_table;
@@ -81,7 +88,7 @@ std::vector<SharedPrefixGroup> find_shared_prefixes(const ForwardParams<T, KV>& 
   std::vector<Candidate> candidates;
   for (index_t b = 0; b < p.batch(); ++b) {
     const index_t pages = visible_prefix_keys(p, p.sequence(b), max_query_rows) / page_size;
-    if (pages * page_size / key_tile * key_tile >= std::max<index_t>(min_keys, 1)) candidates.push_back({b, pages});
+    if (pages * page_size >= std::max<index_t>(min_keys, 1)) candidates.push_back({b, pages});
   }
   const auto page = [&](const Candidate& c, index_t j) { return table(c.b, j); };
   const auto shared_pages = [&](const Candidate& a, const Candidate& c) {
@@ -90,7 +97,7 @@ std::vector<SharedPrefixGroup> find_shared_prefixes(const ForwardParams<T, KV>& 
     while (j < n && page(a, j) == page(c, j)) ++j;
     return j;
   };
-  const auto shared_keys = [&](index_t pages) { return pages * page_size / key_tile * key_tile; };
+  const auto shared_keys = [&](index_t pages) { return pages * page_size; };
   std::sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& c) {
     return page(a, 0) != page(c, 0) ? page(a, 0) < page(c, 0) : a.b < c.b;
   });
@@ -118,7 +125,7 @@ std::vector<SharedPrefixGroup> find_shared_prefixes(const ForwardParams<T, KV>& 
         if (end - run >= 2) {
           SharedPrefixGroup g;
           g.keys = shared_keys(pages);
-          g.pages = (g.keys + page_size - 1) / page_size;
+          g.pages = pages;
           for (std::size_t m = run; m < end; ++m) g.members.push_back(candidates[m].b);
           std::sort(g.members.begin(), g.members.end());
           groups.push_back(std::move(g));
