@@ -660,7 +660,7 @@ IoCounts expected_io(const ProblemShape& s, const TilePlan& plan, Seen&& seen) {
 TEST(FlexForwardIo, BlockSparseReadsOnlyTheKeyTilesItSees) {
   const ProblemShape s{2, 300, 300, 4, 2, 32, 32};
   BackwardProblem<float> p(s, 70);
-  for (std::size_t budget : {std::size_t{0}, forward_working_set_bytes(16, 32, 32)}) {
+  for (std::size_t budget : {std::size_t{0}, rows_budget(16, 32)}) {
     ForwardOptions opts;
     opts.execution = {Backend::serial, 1};
     opts.sram_budget_bytes = budget;

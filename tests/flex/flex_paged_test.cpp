@@ -116,7 +116,7 @@ TEST_P(TreeVerify, MatchesTheReferenceWithTheTreeAsADenseMask) {
   PagedOptions options;
   options.num_splits = c.num_splits;
   std::vector<float> first_o, first_lse;
-  for (std::size_t budget : {std::size_t{0}, forward_working_set_bytes(16, 32, 40, 24)}) {
+  for (std::size_t budget : {std::size_t{0}, rows_budget(16, 40, 24)}) {
     options.sram_budget_bytes = budget;
     batch.reset_outputs();
     run_flex(batch, mask, options);
@@ -185,7 +185,7 @@ TEST(PagedFlex, EmptyBlocksAreNeverRead) {
   const auto mask = create_block_mask(every_other, 1, 1, 4, n, BlockSize{4, block});
   PagedOptions options;
   options.num_splits = 1;
-  options.sram_budget_bytes = forward_working_set_bytes(8, block, d);
+  options.sram_budget_bytes = rows_budget(8, d);
   IoCounts counts;
   options.io_counts = &counts;
   run_flex(batch, mask, options);

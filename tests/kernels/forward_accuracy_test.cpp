@@ -34,7 +34,7 @@ Case random_case(std::mt19937& rng) {
   const index_t dims[] = {16, 32, 59, 64, 128};
   const index_t d = dims[rng() % 5];
   return {d, 1 + static_cast<index_t>(rng() % 90), 2 + static_cast<index_t>(rng() % 200), rng() % 2 == 1,
-          rng() % 2 ? std::size_t{0} : forward_working_set_bytes(16, 32, d)};
+          rng() % 2 ? std::size_t{0} : rows_budget(16, d)};
 }
 
 struct Attended {

@@ -81,8 +81,8 @@ std::size_t budget_of(int kind, index_t d) {
   switch (kind) {
     case 0: return 0;                                      // detected L2
     case 1: return 64 * 1024;                              // 64 KiB
-    case 2: return forward_working_set_bytes(16, 32, d);   // ~16 x 32 tiles
-    default: return forward_working_set_bytes(3, 5, d);    // a few rows and keys
+    case 2: return rows_budget(16, d);   // ~16 x 32 tiles
+    default: return rows_budget(3, d);    // a few rows and keys
   }
 }
 

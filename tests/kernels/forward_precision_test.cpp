@@ -59,7 +59,7 @@ struct Case {
   index_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 1, head_dim_v = 1;
   ForwardOptions options{};       // masks, softcap, scale, budget (bias, mask, ALiBi, sinks: from mods)
   Mods mods{};
-  bool budget_16x32 = false;      // budget: the working set of 16 x 32 tiles in T's operand type
+  bool budget_16x32 = false;      // budget: 16 packed rows beside the fixed key tiles of T's operands
   std::vector<std::int32_t> q_lens{}, k_lens{};  // varlen when not empty (batch = their size)
   std::uint64_t seed = 1;
 
@@ -191,13 +191,13 @@ std::vector<Case> cases_of(Group g) {
           });
       break;
     case Group::budgets:
-      add(fixed("budget40000_causal_300x300_d64_gqa4over2", 1, 300, 300, 4, 2, 64, 64, 51),
-          [](ForwardOptions& o, Mods&, Case&) {
+      add(fixed("budget16rows_causal_300x300_d64_gqa4over2", 1, 300, 300, 4, 2, 64, 64, 51),
+          [](ForwardOptions& o, Mods&, Case& c) {
             o.causal = true;
-            o.sram_budget_bytes = 40000;
+            c.budget_16x32 = true;
           });
-      add(fixed("budget100000_127x300_d128_dv64_b2", 2, 127, 300, 2, 2, 128, 64, 52),
-          [](ForwardOptions& o, Mods&, Case&) { o.sram_budget_bytes = 100000; });
+      add(fixed("budget16rows_127x300_d128_dv64_b2", 2, 127, 300, 2, 2, 128, 64, 52),
+          [](ForwardOptions&, Mods&, Case& c) { c.budget_16x32 = true; });
       add(fixed("budget16x32_300x127_d256", 1, 300, 127, 1, 1, 256, 256, 53),
           [](ForwardOptions&, Mods&, Case& c) { c.budget_16x32 = true; });
       add(fixed("budget16x32_window_17x300_d40", 1, 17, 300, 2, 1, 40, 40, 54),
@@ -216,12 +216,12 @@ std::vector<Case> cases_of(Group g) {
             m.bias = true;
             m.sinks = true;
           });
-      add(varlen("varlen_window_mask_tl_budget40000", {300, 1, 33}, {300, 0, 127}, 2, 2, 80, 80, 63),
-          [](ForwardOptions& o, Mods& m, Case&) {
+      add(varlen("varlen_window_mask_tl_budget16rows", {300, 1, 33}, {300, 0, 127}, 2, 2, 80, 80, 63),
+          [](ForwardOptions& o, Mods& m, Case& c) {
             o.window_left = 16;
             o.window_right = 16;
             o.alignment = MaskAlignment::top_left;
-            o.sram_budget_bytes = 40000;
+            c.budget_16x32 = true;
             m.mask = true;
           });
       add(varlen("varlen_softcap_scale2_causal_tl", {1, 127, 17}, {127, 1, 17}, 1, 1, 128, 128, 64),
@@ -308,8 +308,7 @@ class Instance {
       }
     }
     if (c.budget_16x32)
-      opts_.sram_budget_bytes = forward_working_set_bytes(
-          16, 32, c.head_dim, c.head_dim_v, kernels::tile_operands_without_panels<T>());
+      opts_.sram_budget_bytes = rows_budget_for<T>(16, c.head_dim, c.head_dim_v);
     const index_t B = c.batch, H = c.heads_q, nq = c.seqlen_q, nk = c.seqlen_k;  // nq, nk: the maxima for varlen
     std::mt19937_64 rng(10 * c.seed + 4);
     if (c.mods.bias) {
@@ -585,7 +584,7 @@ TYPED_TEST(ForwardPrecision, BitwiseIdenticalOnEveryBackendAndThreadCount) {
   fixed_case.options.window_left = 50;
   fixed_case.options.softcap = 10.0f;
   fixed_case.mods.alibi = fixed_case.mods.bias = fixed_case.mods.sinks = true;
-  fixed_case.options.sram_budget_bytes = 40000;
+  fixed_case.budget_16x32 = true;
   Case varlen_case = varlen("determinism_varlen", {127, 0, 300, 17}, {300, 5, 127, 0}, 4, 1, 64, 64, 82);
   varlen_case.options.causal = true;
   varlen_case.mods.mask = true;

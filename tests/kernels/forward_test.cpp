@@ -36,8 +36,8 @@ const char* to_string(Budget b) {
 std::size_t budget_bytes(Budget b, index_t head_dim) {
   switch (b) {
     case Budget::l2: return 0;
-    case Budget::small: return forward_working_set_bytes(16, 32, head_dim);
-    case Budget::tiny: return forward_working_set_bytes(3, 5, head_dim);
+    case Budget::small: return rows_budget(16, head_dim);
+    case Budget::tiny: return rows_budget(3, head_dim);
   }
   return 0;
 }
@@ -198,8 +198,9 @@ INSTANTIATE_TEST_SUITE_P(SoftmaxScale, ForwardVsReference, ::testing::ValuesIn(s
 INSTANTIATE_TEST_SUITE_P(Backends, ForwardVsReference, ::testing::ValuesIn(backend_cases()), param_name);
 
 // The budgets above really do tile: at 127 x 127 the small and tiny budgets give several
-// query and key tiles at every head_dim (so the online-softmax rescale and the partial last
-// tiles run).
+// query tiles at every head_dim, with the key tile the budget never changes (several key
+// tiles, so the online-softmax rescale and the partial last tiles, come with the 1000-key
+// cases: 64 to 128 keys a tile).
 TEST(ForwardBudgets, SmallBudgetsGiveManyTiles) {
   for (index_t d : test_head_dims)
     for (Budget b : {Budget::small, Budget::tiny}) {
@@ -207,11 +208,60 @@ TEST(ForwardBudgets, SmallBudgetsGiveManyTiles) {
       opts.sram_budget_bytes = budget_bytes(b, d);
       const TilePlan plan = forward_tiles(PlanShape{d, d, 127, 127}, opts);
       EXPECT_GE(plan.query_tiles(127), 4) << "d " << d << " budget " << to_string(b);
-      EXPECT_GE((127 + plan.key_tile_rows - 1) / plan.key_tile_rows, 4)
+      EXPECT_EQ(plan.key_tile_rows, forward_tiles(PlanShape{d, d, 127, 127}).key_tile_rows)
           << "d " << d << " budget " << to_string(b);
     }
-  // The long cases at the default budget stream 1000 keys in several key tiles.
-  for (index_t d : {64, 128}) EXPECT_LE(forward_tiles(PlanShape{d, d, 1000, 1000}).key_tile_rows, 128);
+  for (index_t d : {64, 128}) EXPECT_GE((1000 + forward_tiles(PlanShape{d, d, 1000, 1000}).key_tile_rows - 1) /
+                                            forward_tiles(PlanShape{d, d, 1000, 1000}).key_tile_rows, 7);
+}
+
+// The budget never changes the bits (issue #42): the key tile is fixed by the head dims,
+// the operands and the micro-kernel set, so from the smallest budget that holds one query
+// row to a large one, only the query tiles move. fp32 and bf16, GQA, causal, awkward
+// lengths, one and several threads.
+template <class T>
+void check_same_bits_for_every_budget(index_t d) {
+  const index_t B = 2, nq = 127, nk = 1000, hq = 4, hkv = 2;
+  std::vector<T> q(static_cast<std::size_t>(B * nq * hq * d)), k(static_cast<std::size_t>(B * nk * hkv * d)),
+      v(k.size());
+  std::mt19937 rng(static_cast<unsigned>(17 + d));
+  std::normal_distribution<float> normal;
+  for (auto* x : {&q, &k, &v})
+    for (T& e : *x) e = from_float<T>(normal(rng));
+  const std::size_t least = rows_budget_for<T>(1, d);
+  std::vector<T> base, o(q.size());
+  std::vector<float> base_lse, lse(static_cast<std::size_t>(B * hq * nq));
+  index_t fewest_rows = 0, most_rows = 0;
+  for (std::size_t budget : {least, least + 7000, rows_budget_for<T>(16, d), std::size_t{256} << 10,
+                             std::size_t{1} << 20, std::size_t{8} << 20, std::size_t{0}})
+    for (int threads : {1, 3}) {
+      ForwardOptions opts;
+      opts.causal = true;
+      opts.sram_budget_bytes = budget;
+      opts.execution = {Backend::automatic, threads};
+      const auto qv = make_bshd<const T>(q.data(), B, nq, hq, d);
+      const auto kv = make_bshd<const T>(k.data(), B, nk, hkv, d);
+      const auto vv = make_bshd<const T>(v.data(), B, nk, hkv, d);
+      const index_t rows = plan_forward(qv, kv, vv, opts).tiles().packed_rows();
+      fewest_rows = fewest_rows == 0 ? rows : std::min(fewest_rows, rows);
+      most_rows = std::max(most_rows, rows);
+      forward(qv, kv, vv, make_bshd(o.data(), B, nq, hq, d), make_lse(lse.data(), B, hq, nq), opts);
+      if (base.empty()) {
+        base = o;
+        base_lse = lse;
+      }
+      EXPECT_EQ(0, std::memcmp(o.data(), base.data(), o.size() * sizeof(T))) << "d " << d << ", budget " << budget;
+      EXPECT_EQ(0, std::memcmp(lse.data(), base_lse.data(), lse.size() * sizeof(float)))
+          << "d " << d << ", budget " << budget;
+    }
+  EXPECT_LT(fewest_rows, most_rows) << "the budgets change the query tiles";
+}
+
+TEST(ForwardBudgets, SameBitsForEveryBudget) {
+  for (index_t d : {64, 72, 128}) {
+    check_same_bits_for_every_budget<float>(d);
+    check_same_bits_for_every_budget<bf16>(d);
+  }
 }
 
 // FlashAttention's own rule, applied directly: kernel error <= 2e-5 + 2 x the error of naive
@@ -242,7 +292,7 @@ TEST_P(NaiveFp32Rule, KernelErrorWithinTwiceNaive) {
   ForwardOptions opts;
   opts.causal = c.causal;
   opts.softmax_scale = c.scale;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, c.head_dim);
+  opts.sram_budget_bytes = rows_budget(16, c.head_dim);
   forward(q.cview(), k.cview(), v.cview(), o.view(), lse.view(), opts);
   naive_fp32_attention(q.cview(), k.cview(), v.cview(), c.scale, c.causal, naive_o.view(), naive_lse.view());
 
@@ -281,7 +331,7 @@ TEST(Forward, WithoutLseWritesTheSameO) {
   v.fill_normal(3);
   ForwardOptions opts;
   opts.causal = true;
-  opts.sram_budget_bytes = forward_working_set_bytes(8, 16, 64);
+  opts.sram_budget_bytes = rows_budget(8, 64);
   forward(q.cview(), k.cview(), v.cview(), o1.view(), lse.view(), opts);
   forward(q.cview(), k.cview(), v.cview(), o2.view(), opts);
   EXPECT_TRUE(bitwise_equal(o1.buffer(), o2.buffer()));
@@ -298,7 +348,7 @@ TEST(Forward, BroadcastInputsWithZeroStrides) {
   k.shape[dim::seqlen] = nk;
   k.stride[dim::seqlen] = 0;
   ForwardOptions opts;
-  opts.sram_budget_bytes = forward_working_set_bytes(8, 16, D);
+  opts.sram_budget_bytes = rows_budget(8, D);
   HostLse lse(B, H, nq);
   forward(q.cview(), k, k, o.view(), lse.view(), opts);
   const auto ref = reference::attention<float>(q.cview(), k, k, default_scale(D), false);
@@ -308,15 +358,19 @@ TEST(Forward, BroadcastInputsWithZeroStrides) {
   EXPECT_LE(dev.lse, forward_lse_tolerance);
 }
 
-// A budget of exactly forward_working_set_bytes(1, 1, d) runs with 1 x 1 tiles and is still right.
-TEST(Forward, OneByOneTilesAtTheSmallestBudget) {
+// A budget of exactly rows_budget(1, d) runs one query row a tile beside the fixed key tiles
+// (one below it throws) and is still right.
+TEST(Forward, OneRowTilesAtTheSmallestBudget) {
   for (index_t d : {32, 256}) {
     ForwardOptions opts;
     opts.causal = true;
-    opts.sram_budget_bytes = forward_working_set_bytes(1, 1, d);
+    opts.sram_budget_bytes = rows_budget(1, d);
     const TilePlan plan = forward_tiles(PlanShape{d, d, 7, 9, 1, 4}, opts);
     EXPECT_EQ(plan.query_tile_rows, 1);
-    EXPECT_EQ(plan.key_tile_rows, 1);
+    EXPECT_EQ(plan.key_tile_rows, 9);  // the whole sequence: fewer keys than the fixed tile
+    ForwardOptions below = opts;
+    below.sram_budget_bytes = rows_budget(1, d) - 1;
+    EXPECT_THROW(forward_tiles(PlanShape{d, d, 7, 1000, 1, 4}, below), budget_error);
     HostTensor q({2, 7, 2, d}, Layout::bhsd), k({2, 9, 2, d}, Layout::bshd), v({2, 9, 2, d}, Layout::bshd);
     HostTensor o({2, 7, 2, d}, Layout::bshd);
     HostLse lse(2, 2, 7);
@@ -345,7 +399,7 @@ TEST_P(ForwardDeterminism, BitwiseIdenticalAcrossBackendsAndThreads) {
   v.fill_normal(303);
   ForwardOptions opts;
   opts.causal = causal;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, d);  // 15+ work items per head
+  opts.sram_budget_bytes = rows_budget(16, d);  // 15+ work items per head
 
   const auto run = [&](Execution exec, HostTensor& o, HostLse& lse) {
     o.fill(sentinel);

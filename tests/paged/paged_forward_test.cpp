@@ -118,7 +118,7 @@ TEST(PagedForward, RepeatedSplitRunsGiveTheSameBitsOnEveryBackendAndThreadCount)
   PagedBatch<float> batch(s, 4);
   PagedOptions opt;
   opt.num_splits = 4;
-  opt.sram_budget_bytes = forward_working_set_bytes(16, 32, 32, 32);
+  opt.sram_budget_bytes = rows_budget(16, 32, 32);
   batch.run(opt);
   const auto first = batch.o;
   const auto first_lse = batch.lse;

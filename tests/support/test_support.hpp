@@ -38,6 +38,22 @@ inline constexpr double forward_lse_tolerance = 2e-5;
 /// [1, max_head_dim] takes the same path: none is special).
 inline constexpr std::array<index_t, 12> test_head_dims{32, 64, 80, 96, 128, 256, 1, 40, 59, 72, 111, 192};
 
+/// The SRAM budget that holds exactly `rows` packed query rows beside the fixed key tiles of
+/// head dims d / dv (forward_key_tile: the budget never changes Bc): what tests pass to force
+/// many query tiles. operands: the tile layout (fp32; for bf16 the running micro-kernel set's,
+/// kernels::tile_operands_for<bf16, bf16>(): pairs, or panels where the set has them).
+inline std::size_t rows_budget(index_t rows, index_t d, index_t dv = 0, TileOperands operands = TileOperands::fp32) {
+  const index_t v = dv > 0 ? dv : d;
+  const PlanShape shape{d, v, rows, index_t{1} << 20, 1, 1, operands};
+  return forward_working_set_bytes(rows, forward_key_tile(shape), d, v, operands);
+}
+
+/// rows_budget for the tiles the kernels hold for element types T and KV.
+template <class T, class KV = T>
+std::size_t rows_budget_for(index_t rows, index_t d, index_t dv = 0) {
+  return rows_budget(rows, d, dv, kernels::tile_operands_for<T, KV>());
+}
+
 /// Written into every output element before a call, to see what a call wrote.
 inline constexpr float sentinel = 1234.5f;
 

@@ -82,7 +82,7 @@ ForwardOptions options_for(const Combination& c, const ModifierInputs& in) {
   const unsigned f = c.features;
   ForwardOptions opts;
   opts.execution = {c.backend, c.threads};
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, c.head_dim);
+  opts.sram_budget_bytes = rows_budget(16, c.head_dim);
   opts.causal = f & causal;
   if (f & window) {
     opts.window_left = 12;
@@ -205,7 +205,7 @@ TEST(Determinism, RepeatedRunsOnEveryBackendAndThreadCount) {
     const ModifierInputs in = make_inputs(2, 6, 61, 90, true);
     ForwardOptions opts = options_for(c, in);
     opts.window_left = 30;
-    opts.sram_budget_bytes = forward_working_set_bytes(16, 32, c.head_dim);
+    opts.sram_budget_bytes = rows_budget(16, c.head_dim);
     opts.execution = {Backend::serial, 1};
     p.run(opts);
     expect_same_bits_on_every_execution(p, opts, repeats);

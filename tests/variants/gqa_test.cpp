@@ -19,8 +19,8 @@ enum class Budget { l2, small, chunked };
 std::size_t budget_bytes(Budget b, index_t head_dim, index_t group) {
   switch (b) {
     case Budget::l2: return 0;
-    case Budget::small: return forward_working_set_bytes(16, 32, head_dim);
-    case Budget::chunked: return forward_working_set_bytes(std::max<index_t>(1, group / 2), 1, head_dim);
+    case Budget::small: return rows_budget(16, head_dim);
+    case Budget::chunked: return rows_budget(std::max<index_t>(1, group / 2), head_dim);
   }
   return 0;
 }

@@ -53,8 +53,8 @@ std::vector<DimsCase> cases() {
   int n = 0;
   for (auto [d, dv] : dims)
     for (bool causal : {false, true}) {
-      const std::size_t budget = n % 3 == 0 ? 0 : n % 3 == 1 ? forward_working_set_bytes(16, 32, d, dv)
-                                                             : forward_working_set_bytes(3, 5, d, dv);
+      const std::size_t budget = n % 3 == 0 ? 0 : n % 3 == 1 ? rows_budget(16, d, dv)
+                                                             : rows_budget(3, d, dv);
       const index_t kv = n % 2 ? 1 : 2;
       out.push_back({d, dv, 4, kv, 17 + 10 * (n % 4), 29 + 23 * (n % 3), causal, budget,
                      {backends[static_cast<std::size_t>(n) % backends.size()], 1 + n % 3}});
@@ -86,7 +86,7 @@ INSTANTIATE_TEST_SUITE_P(Pairs, HeadDims, ::testing::ValuesIn(cases()),
 // Odd head dims give the same bits on every backend and thread count.
 TEST(HeadDims, BitwiseIdenticalAcrossBackendsAndThreads) {
   for (auto [d, dv] : {std::pair<index_t, index_t>{59, 59}, {192, 128}, {1, 3}}) {
-    const DimsCase c{d, dv, 6, 2, 45, 77, true, forward_working_set_bytes(16, 32, d, dv), {}};
+    const DimsCase c{d, dv, 6, 2, 45, 77, true, rows_budget(16, d, dv), {}};
     DimsProblem base(c, 2, 5);
     ForwardOptions opts;
     opts.causal = true;
@@ -122,7 +122,7 @@ TEST(HeadDims, VarlenWithAValueHeadDimOfItsOwn) {
     for (float& e : *x) e = normal(rng);
   ForwardOptions opts;
   opts.causal = true;
-  opts.sram_budget_bytes = forward_working_set_bytes(8, 16, d, dv);
+  opts.sram_budget_bytes = rows_budget(8, d, dv);
   const auto qv = make_thd<const float>(q.data(), cu_q.back(), H, d);
   const auto kv = make_thd<const float>(k.data(), cu_k.back(), Hkv, d);
   const auto vv = make_thd<const float>(v.data(), cu_k.back(), Hkv, dv);

@@ -22,7 +22,7 @@ TEST(ScoreIo, BiasAndMaskBytesAreCountedOncePerScore) {
   const auto elements = static_cast<std::uint64_t>(s.batch * s.heads_q * s.seqlen_q * s.seqlen_k);
   const auto bias = random_bias({s.batch, 1, s.seqlen_q, s.seqlen_k}, ScoreLayout::contiguous, 11);
   const auto mask = random_mask({1, s.heads_q, s.seqlen_q, s.seqlen_k}, ScoreLayout::contiguous, 12);
-  for (std::size_t budget : {std::size_t{0}, forward_working_set_bytes(16, 16, s.head_dim)}) {
+  for (std::size_t budget : {std::size_t{0}, rows_budget(16, s.head_dim)}) {
     Problem p(s);
     const IoCounts plain = counted(p, {}, budget);
     ForwardOptions with_bias;

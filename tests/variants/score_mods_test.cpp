@@ -18,7 +18,7 @@ constexpr Shape base_shape{2, 4, 2, 53, 97, 64};
 
 ForwardOptions small_tiles(index_t head_dim) {
   ForwardOptions opts;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, head_dim);
+  opts.sram_budget_bytes = rows_budget(16, head_dim);
   return opts;
 }
 

@@ -61,7 +61,7 @@ TEST_P(VarlenVsReference, EverySequenceMatchesItsReference) {
   const std::vector<float> sinks = uniform_values(static_cast<std::size_t>(H), -1.0f, 2.0f, 76);
 
   ForwardOptions opts;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, c.head_dim);
+  opts.sram_budget_bytes = rows_budget(16, c.head_dim);
   const VarlenOption o = c.option;
   const bool all = o == VarlenOption::everything;
   opts.causal = o == VarlenOption::causal || o == VarlenOption::causal_top_left || all;
@@ -130,7 +130,7 @@ TEST(Varlen, SinksOnTheEmptyKeySequence) {
   ForwardOptions opts;
   opts.sinks = sinks;
   opts.causal = true;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, 32);
+  opts.sram_budget_bytes = rows_budget(16, 32);
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
   EXPECT_NEAR(p.lse_of(2)(0, 2, 10), 3.0f, 1e-6f);
   EXPECT_EQ(p.o_of(2)(0, 10, 2, 5), 0.0f);
@@ -149,7 +149,7 @@ TEST(Varlen, EqualLengthsEqualFixedLengthBatch) {
   opts.bias = bias.view();
   opts.alibi_slopes = slopes;
   opts.softcap = 6.0f;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, d);
+  opts.sram_budget_bytes = rows_budget(16, d);
   p.run(opts);
 
   const PackedView<const float> q = p.q(), k = p.k(), v = p.v();
@@ -180,7 +180,7 @@ TEST(Varlen, ManySequencesWithRunsOfEmptyOnes) {
   VarlenProblem p(ql, kl, 4, 2, 64, 81);
   ForwardOptions opts;
   opts.causal = true;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, 64);
+  opts.sram_budget_bytes = rows_budget(16, 64);
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
   EXPECT_EQ(p.spare_rows_written(), 0);
 }
@@ -194,7 +194,7 @@ TEST(Varlen, OneSequenceInALongerBuffer) {
   opts.window_left = 30;
   opts.window_right = 30;
   opts.alignment = MaskAlignment::top_left;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, d);
+  opts.sram_budget_bytes = rows_budget(16, d);
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
   EXPECT_EQ(p.spare_rows_written(), 0);
 }

@@ -65,7 +65,7 @@ TEST_P(WindowVsReference, MatchesWithinBound) {
   opts.window_left = c.left;
   opts.window_right = c.right;
   opts.alignment = c.alignment;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, c.head_dim);  // several tiles per window
+  opts.sram_budget_bytes = rows_budget(16, c.head_dim);  // several tiles per window
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
 }
 
@@ -138,7 +138,7 @@ TEST(WindowSemantics, CausalOverridesWindowRightAndSquareAlignmentsAgree) {
   ForwardOptions opts;
   opts.causal = true;
   opts.window_left = 19;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, 80);
+  opts.sram_budget_bytes = rows_budget(16, 80);
   p.run(opts);
   const std::vector<float> want = p.outputs();
   for (index_t right : {-1, 0, 7, 1000})
@@ -173,7 +173,7 @@ TEST(WindowSemantics, RowsWithoutKeysGetZeroAndMinusInfinity) {
     opts.window_left = c.left;
     opts.window_right = c.right;
     opts.alignment = c.alignment;
-    opts.sram_budget_bytes = forward_working_set_bytes(8, 16, 64);
+    opts.sram_budget_bytes = rows_budget(8, 64);
     EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
     if (c.nq > c.nk) {
       EXPECT_GT(rows_without_keys(p.reference(opts)), 0);
@@ -192,7 +192,7 @@ std::uint64_t causal_kv_bytes(index_t n, index_t left, index_t chunk, std::uint6
   opts.causal = true;
   opts.window_left = left;
   opts.attention_chunk = chunk;
-  opts.sram_budget_bytes = forward_working_set_bytes(64, 64, d);
+  opts.sram_budget_bytes = rows_budget(64, d);
   IoCounts counts;
   opts.io_counts = &counts;
   p.run(opts);
@@ -238,7 +238,7 @@ TEST(WindowTraffic, RightBoundOnlyReadsUpToTheLastVisibleKey) {
   ForwardOptions opts;
   opts.window_right = right;
   opts.alignment = MaskAlignment::top_left;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, d);
+  opts.sram_budget_bytes = rows_budget(16, d);
   IoCounts counts;
   opts.io_counts = &counts;
   p.run(opts);
@@ -314,7 +314,7 @@ TEST_P(ChunkVsReference, MatchesWithinBound) {
   opts.causal = c.causal;
   opts.window_left = c.left;
   opts.alignment = c.alignment;
-  opts.sram_budget_bytes = forward_working_set_bytes(16, 32, 32);  // query tiles across chunk edges
+  opts.sram_budget_bytes = rows_budget(16, 32);  // query tiles across chunk edges
   EXPECT_TRUE(within_bounds(p.run_and_compare(opts)));
 }
 

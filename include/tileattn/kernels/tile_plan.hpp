@@ -7,22 +7,28 @@
 // (P positions x Hc query heads of one K/V group) resident and streams K/V past it in
 // tiles of Bc keys (FlashAttention-2's loop order). Q and O move once whatever the plan;
 // K and V move once per work item, and a (sequence, K/V head) has ceil(Nq / P) x
-// ceil(G / Hc) items. So the planner picks, among the plans whose working set fits the
-// budget, the one with the fewest items per (sequence, K/V head):
-//   1. Bc candidates: FlashAttention's streamed-tile rule Bc = min(ceil(M / 2(d + dv)), d)
-//      (M: the budget in floats) and every multiple of 16 between it and min(64, Nk) (down
-//      to the rule where the rule is below 64: d < 64 or a small budget), so the
-//      micro-kernels keep rows of at least 64 scores. Only when not even a 64-key tile
-//      fits, every Bc below (multiples of 16, and 1).
-//   2. For each Bc, the rows that fit, R; for each split of the group into equal chunks
-//      (Hc = ceil(G / chunks)), P = min(Nq, R / Hc) and items = ceil(Nq / P) x chunks.
-//   3. The fewest items wins; ties go to the larger Bc, then to fewer chunks.
-//   4. Query tiles are balanced (P = ceil(Nq / tiles), rounded up to 8 rows where it fits).
-//   5. Parallelism: when (batch x heads_kv x chunks x tiles) gives more than one worker
+// ceil(G / Hc) items.
+//   1. Bc is fixed by the head dims, the operand layout and the micro-kernel set alone
+//      (forward_key_tile), never by the SRAM budget: key tiles are where the online
+//      softmax rescales, so a budget that changed Bc would change the bits. fp32 and bf16
+//      pairs: FlashAttention's streamed-tile rule min(ceil(M / 2(d + dv)), d) for a fixed
+//      M of 1 MiB (reference_key_tile_bytes), at least 64 keys (the micro-kernels keep
+//      rows of at least 64 scores) and at most 128 (so that d 256's fp32 K^T and V tiles
+//      take 256 KiB and budgets of half a core's L2 still hold many rows); bf16
+//      panels (AMX): the set's panel (arch::native::product_panel_keys), halved while K^T and
+//      V with their packed copies take more than 1.5 MiB (MLA's 576 + 512). A sequence
+//      shorter than Bc takes one tile of its keys (the same keys, so the same bits).
+//   2. The budget then sets the rows: the most packed rows R that fit beside the Bc-key
+//      tiles (budget_error, naming sram_budget_bytes, when not even one does); for each
+//      split of the group into equal chunks (Hc = ceil(G / chunks)), P = min(Nq, R / Hc)
+//      and items = ceil(Nq / P) x chunks. The fewest items wins; ties go to fewer chunks.
+//   3. Query tiles are balanced (P = ceil(Nq / tiles), rounded up to 8 rows where it fits).
+//   4. Parallelism: when (batch x heads_kv x chunks x tiles) gives more than one worker
 //      fewer than 4 items each, query tiles are split further, down to 64 packed rows. K/V traffic grows by
 //      the same factor as the tile count (docs/design.md).
 // Results do not depend on P or Hc (key tiles sit at multiples of Bc, and rows never mix),
-// so splitting for the worker count keeps every thread count bitwise identical.
+// so neither the budget nor the worker count changes the bits: on one machine, a budget
+// changes only the query tiles.
 #pragma once
 
 #include <algorithm>
@@ -89,16 +95,21 @@ inline constexpr index_t query_tile_granule = 8;  // rows of the micro-kernels' 
 inline constexpr index_t min_streamed_keys = 64;  // shorter score rows slow the micro-kernels
 inline constexpr index_t items_per_worker = 4;    // enough to even out unequal items
 inline constexpr index_t min_split_rows = 64;     // splitting for parallelism stops here
+inline constexpr index_t max_streamed_keys = 128; // fp32 and pair key tiles stop here (rule 1)
+/// The fixed budget of FlashAttention's key-tile rule (M in Bc = ceil(M / 2(d + dv))): the
+/// rule's Bc, never the call's budget, so that the budget never changes Bc (nor the bits).
+inline constexpr std::size_t reference_key_tile_bytes = std::size_t{1} << 20;
+/// bf16 panels: a panel halves while its K^T and V tiles, with their packed copies, take
+/// more than this (MLA's 576 + 512 at AMX's 512 keys: 2.2 MiB; at 256: 1.1 MiB).
+inline constexpr std::size_t max_panel_operand_bytes = std::size_t{3} << 19;
 /// bf16 panels: the keys of a panel (a key tile, Bc) where the rows fit; 0: the micro-kernel
 /// set's choice (arch::native::product_panel_keys). Tests and benchmarks change it.
 inline std::atomic<index_t> panel_keys{0};
-/// bf16 panels: rows a panel needs at least, else the planner falls back to the search below.
-inline constexpr index_t min_panel_rows = 256;
-/// bf16 panels: a panel whose rows do not fit halves down to this many keys before the
-/// planner gives panels up. Wide heads need it: MLA's 576 + 512 at AMX's 512-key panels take
-/// 2.2 MiB of K^T and V (and their packed copies) alone, more than a Xeon core's 2 MiB L2, and
-/// without panels the products leave the AMX tiles for vdpbf16ps; 256 keys fit 128 heads'
-/// rows. 128: the vdpbf16ps set's own panel, so a set whose panel is 128 never halves.
+/// bf16 panels: a wide panel halves down to this many keys (max_panel_operand_bytes). Wide
+/// heads need it: MLA's 576 + 512 at AMX's 512-key panels take 2.2 MiB of K^T and V (and
+/// their packed copies) alone, more than a Xeon core's 2 MiB L2, and without panels the
+/// products leave the AMX tiles for vdpbf16ps. 128: the vdpbf16ps set's own panel, so a set
+/// whose panel is 128 never halves.
 inline constexpr index_t min_halved_panel_keys = 128;
 }  // namespace detail
 
@@ -166,63 +177,47 @@ constexpr Packing best_packing(index_t rows, index_t bc, index_t nq, index_t gro
   return best;
 }
 
-/// The best packing over key tiles hi, the multiples of 16 below it, and lo (Bc strictly
-/// between two of them needs a wider K^T row than the multiple below, for no gain).
-constexpr Packing search_key_tiles(index_t hi, index_t lo, const PlanShape& s, index_t nq,
-                                   std::size_t budget) {
-  Packing best;
-  if (hi < lo) return best;
-  const auto consider = [&](index_t bc) {
-    const index_t rows = rows_that_fit(bc, s.head_dim, s.value_dim(), budget, s.operands);
-    if (rows == 0) return;
-    const Packing p = best_packing(rows, bc, nq, s.group_size);
-    if (best.items == 0 || p.items < best.items) best = p;  // ties keep the larger Bc
-  };
-  consider(hi);
-  for (index_t bc = (hi - 1) / key_tile_granule * key_tile_granule; bc > lo; bc -= key_tile_granule)
-    consider(bc);
-  if (lo < hi) consider(lo);
-  return best;
-}
-
 }  // namespace detail
 
-/// Plans the forward tiles of `shape` for `workers` threads under an SRAM budget; throws
-/// budget_error ("sram_budget_bytes") if not even one row and one key fit.
+/// Bc for a shape (rule 1 of the file comment): fixed by the head dims, the operand layout,
+/// the micro-kernel set (bf16 panels) and a flex block mask's key block (panels no wider),
+/// capped at the longest sequence's keys (rounded up to 16 for panels); never by the budget.
+inline index_t forward_key_tile(const PlanShape& shape) {
+  using namespace detail;
+  const index_t d = shape.head_dim, dv = shape.value_dim(), nk = std::max<index_t>(shape.seqlen_k, 1);
+  if (shape.operands == TileOperands::bf16_panels) {
+    const index_t keys = panel_keys.load(std::memory_order_relaxed);
+    index_t panel = keys > 0 ? keys : std::max<index_t>(arch::native::product_panel_keys(), key_tile_granule);
+    while (panel / 2 >= min_halved_panel_keys &&
+           forward_working_set_bytes(0, panel, d, dv, TileOperands::bf16_panels) > max_panel_operand_bytes)
+      panel = panel / 2 / key_tile_granule * key_tile_granule;
+    panel = std::min(panel, ceil_div(nk, key_tile_granule) * key_tile_granule);
+    if (shape.key_tile_limit > 0) panel = std::min(panel, std::max(shape.key_tile_limit, key_tile_granule));
+    return panel;
+  }
+  const std::size_t element_bytes = pair_operands(shape.operands) ? 2 : sizeof(float);
+  const auto elements = static_cast<index_t>(reference_key_tile_bytes / element_bytes);
+  const index_t rule = std::min(ceil_div(elements, 2 * (d + dv)), std::min(d, max_streamed_keys));
+  return std::min(nk, std::max(rule, min_streamed_keys));
+}
+
+/// Plans the forward tiles of `shape` for `workers` threads under an SRAM budget: Bc from
+/// forward_key_tile, the rows from the budget; throws budget_error ("sram_budget_bytes")
+/// if not even one row fits beside the Bc-key tiles.
 inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, int workers = 1) {
   using namespace detail;
   const index_t d = shape.head_dim, dv = shape.value_dim();
-  const index_t nq = std::max<index_t>(shape.seqlen_q, 1), nk = std::max<index_t>(shape.seqlen_k, 1);
-  const std::size_t element_bytes = pair_operands(shape.operands) ? 2 : sizeof(float);
-  const auto elements = static_cast<index_t>(budget / element_bytes);  // M in the rule
-  const index_t bc_rule = std::min(std::max<index_t>(1, ceil_div(elements, 2 * (d + dv))), d);
-  const index_t fast = std::min(nk, min_streamed_keys);
-  PlanShape s = shape;
-  s.group_size = std::max<index_t>(shape.group_size, 1);
-  Packing best;
-  if (shape.operands == TileOperands::bf16_panels) {  // one panel of up to panel_keys keys where it fits
-    const index_t keys = panel_keys.load(std::memory_order_relaxed);
-    index_t panel = std::min(keys > 0 ? keys : std::max<index_t>(arch::native::product_panel_keys(), key_tile_granule),
-                             ceil_div(nk, key_tile_granule) * key_tile_granule);
-    if (shape.key_tile_limit > 0) panel = std::min(panel, std::max(shape.key_tile_limit, key_tile_granule));
-    const index_t wanted_rows = std::min(nq * s.group_size, min_panel_rows);
-    index_t rows = rows_that_fit(panel, d, dv, budget, shape.operands);
-    while (rows < wanted_rows && panel / 2 >= min_halved_panel_keys) {  // wide heads: a narrower panel first
-      panel = panel / 2 / key_tile_granule * key_tile_granule;
-      rows = rows_that_fit(panel, d, dv, budget, shape.operands);
-    }
-    if (rows >= wanted_rows) best = best_packing(rows, panel, nq, s.group_size);
-    else s.operands = TileOperands::bf16_pairs;  // a small budget: pairs without panels (no packed copies)
-  }
-  if (best.items == 0)
-    best = rows_that_fit(fast, d, dv, budget, s.operands) > 0
-               ? search_key_tiles(std::max(fast, std::min(nk, bc_rule)), std::min(fast, bc_rule), s, nq, budget)
-               : search_key_tiles(fast - 1, 1, s, nq, budget);  // empty when fast == 1
-  if (best.items == 0)
+  const index_t nq = std::max<index_t>(shape.seqlen_q, 1);
+  const index_t group = std::max<index_t>(shape.group_size, 1);
+  const index_t bc = forward_key_tile(shape);
+  const index_t rows = rows_that_fit(bc, d, dv, budget, shape.operands);
+  if (rows == 0)
     throw budget_error("sram_budget_bytes",
-                       std::to_string(budget) + " bytes cannot hold even 1 x 1 tiles at head_dim " +
-                           std::to_string(d) + " (" +
-                           std::to_string(forward_working_set_bytes(1, 1, d, dv, s.operands)) + " bytes needed)");
+                       std::to_string(budget) + " bytes cannot hold one query row beside the " + std::to_string(bc) +
+                           "-key tiles of head_dim " + std::to_string(d) + " / " + std::to_string(dv) + " (" +
+                           std::to_string(forward_working_set_bytes(1, bc, d, dv, shape.operands)) +
+                           " bytes needed; the key tile is fixed so that the budget never changes results)");
+  const Packing best = best_packing(rows, bc, nq, group);
 
   index_t tiles = best.query_tiles;
   const index_t streams = std::max<index_t>(shape.kv_streams, 1) * (best.items / best.query_tiles);
@@ -234,9 +229,9 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   index_t positions = ceil_div(nq, tiles);  // balanced tiles
   const index_t rounded = ceil_div(positions, query_tile_granule) * query_tile_granule;
   if (rounded < nq && rounded <= best.positions) positions = rounded;
-  const index_t rows = positions * best.heads;
-  return {positions, best.bc, best.heads, budget, forward_working_set_bytes(rows, best.bc, d, dv, s.operands),
-          s.operands == TileOperands::bf16_panels};
+  const index_t packed = positions * best.heads;
+  return {positions, bc, best.heads, budget, forward_working_set_bytes(packed, bc, d, dv, shape.operands),
+          shape.operands == TileOperands::bf16_panels};
 }
 
 }  // namespace tileattn
