@@ -15,7 +15,7 @@
 #include <vector>
 
 #if defined(__AVX512BF16__)
-#include <immintrin.h>
+#include "tileattn/arch/intrinsics.hpp"
 #endif
 #if __has_include("tileattn/arch/amx.hpp")
 #include "tileattn/arch/amx.hpp"

@@ -22,7 +22,7 @@
 #endif
 
 #if defined(__F16C__) || defined(__AVX512BF16__)
-#include <immintrin.h>
+#include "tileattn/arch/intrinsics.hpp"
 #endif
 
 #include "tileattn/core/half_types.hpp"

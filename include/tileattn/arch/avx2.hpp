@@ -19,7 +19,7 @@
 
 #define TILEATTN_ARCH_AVX2_COMPILED 1
 
-#include <immintrin.h>
+#include "tileattn/arch/intrinsics.hpp"
 
 #include <cmath>
 #include <cstdint>

@@ -28,7 +28,7 @@
 #if defined(__AVX512F__) || TILEATTN_ARCH_DISPATCH
 #define TILEATTN_ARCH_AVX512_COMPILED 1
 
-#include <immintrin.h>
+#include "tileattn/arch/intrinsics.hpp"
 
 #include <bit>
 #include <cmath>

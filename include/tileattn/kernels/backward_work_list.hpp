@@ -25,7 +25,7 @@
 #include "tileattn/ops/score_mods.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "tileattn/arch/intrinsics.hpp"
 #endif
 
 namespace tileattn::kernels {
