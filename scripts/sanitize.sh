@@ -1,38 +1,23 @@
 #!/usr/bin/env bash
 # scripts/sanitize.sh: the reliability checks of .ci/run (docs/reliability.md):
-#   1. the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (g++,
-#      -fno-sanitize-recover=all, leaks checked), every backend; not the examples (they call
-#      the kernels the suites test, and building them again under ASan took minutes of CI)
-#      nor six numerical sweeps (the docs' error-figure printers, the accuracy-ratio sweep,
-#      the every-feature combination, the 1023 x 1024 backward, the 1000 x 1000 forwards of
-#      LongShapes, the emulated AMX's bitwise sweep over threads and backends and its two
-#      error-rule sweeps (47 s under ASan): 3.3 of ASan's 6.2 minutes of tests, and more),
-#      which the Release run keeps; the flex and 8-bit cache suites compile at -O0 there
-#      (tests/CMakeLists.txt: 2 minutes less build, their tests 3x slower), so their
-#      bit-equality and IO-count checks (flex's every-backend and every-budget bits, its
-#      equality with the built-in options, its hidden-tile IO) and the forward's exact IO
-#      counts over 40 shapes (44 s) are left to Release too: they compare numbers, and run
-#      the same kernels as the suites' accuracy tests, which ASan keeps; so are the
-#      slowest accuracy sweeps of those -O0 suites (the 8-bit caches' bf16-query sweeps, five
-#      of flex's backward cases, its bf16/fp16 precision sweeps) and the half kernels'
-#      bitwise sweep on awkward shapes (123 s of test time under ASan), whose code the
-#      smaller cases beside them run too, and three more (31 s): the non-finite sweep and the
-#      GQA determinism check (TSan runs both), the draft-tree verify sweep; nor the
-#      compile-time checks (the
-#      compile_fail cases and the layer check run no tileattn code); determinism checks
-#      repeat 3 times (races are TSan's: 20 there); with MPI, ring attention's suite on 2 ranks and
-#      on 3 with its progress thread (leak checks off there: Open MPI's own allocations);
-#   2. the suites that run the kernels on several threads under ThreadSanitizer, without the
-#      numerical sweeps (the error-figure printers, the every-feature combination) (clang with
-#      LLVM's libomp and its Archer tool, so OpenMP's synchronisation is visible). Built
-#      without oneTBB: Debian's libtbb is not instrumented and its task hand-offs, inlined
-#      from its headers into our binaries, are reported by the dozen (docs/reliability.md);
+#   1. the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (g++, -O1,
+#      -fno-sanitize-recover=all, leaks checked), every backend, every test of the Release
+#      run but those that run no tileattn code in this build (the exclusions below, each with
+#      its reason); determinism checks repeat 3 times (races are TSan's, which repeats them
+#      as often as the Release run); with MPI, ring attention's suite on 1 to 4 ranks and on
+#      2 and 3 with its progress thread (leak checks off there: Open MPI's own allocations);
+#   2. every suite that runs the kernels on several threads under ThreadSanitizer (clang with
+#      LLVM's libomp and its Archer tool, so OpenMP's synchronisation is visible): the
+#      backend, the forward and its variants, the backward, the paged kernels (split-KV,
+#      prefix-once, top-k, MLA, 8- and 4-bit caches, rotary), the cache manager, merges, flex
+#      and ring attention; determinism repeats at the Release count (50). Built without
+#      oneTBB: Debian's libtbb is not instrumented and its task hand-offs, inlined from its
+#      headers into our binaries, are reported by the dozen (docs/reliability.md);
 #   3. each libFuzzer harness under ASan + UBSan for its share of TILEATTN_FUZZ_RUNS inputs
-#      from its seed corpus (tests/fuzz/CMakeLists.txt).
+#      (8000 by default: 40,000 inputs in all, tests/fuzz/CMakeLists.txt) from its seed corpus.
 # Every build takes -g1 (line tables: reports still give file:line; a third less compile
-# time than -g, which CI's 30 minutes need), and the ASan and TSan builds compile the
-# forward and backward once into tileattn::instantiations for every test to link
-# (tests/CMakeLists.txt): a test under ASan compiled 3x faster.
+# time than -g), and the ASan and TSan builds compile the forward and backward once into
+# tileattn::instantiations for every test to link (tests/CMakeLists.txt).
 # Builds in build-asan/, build-tsan/ and build-fuzz/; exits non-zero on any report. Works
 # from any directory. Run one part with: scripts/sanitize.sh asan|tsan|fuzz
 set -euo pipefail
@@ -52,36 +37,47 @@ generator() { [[ -f "$1/CMakeCache.txt" ]] || echo "-G Ninja"; }
 
 run_asan() {
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer (g++)"
-  # With MPI: ring attention's suite on 2 ranks and on 3 with its progress thread, without
-  # its *Large* cases (tests/distributed/CMakeLists.txt).
+  # With MPI: ring attention's suite on 1 to 4 ranks, and on 2 and 3 with its progress
+  # thread (tests/distributed/CMakeLists.txt).
   cmake -S . -B build-asan $(generator build-asan) "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=g++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_MPI=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
   cmake --build build-asan -j"$jobs"
+  # Not run here, because no tileattn code runs under the sanitizer in them: the packaging
+  # tests (-L package: they configure and build separate consumer projects, with their own
+  # flags), the compile_fail cases (the compiler's -fsyntax-only on a file: nothing runs) and
+  # the layer check (a Python script reading #include lines).
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   TILEATTN_DETERMINISM_REPEATS=3 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE package \
-      -E "PrintsErrorFiguresForDocs|FlashAttentionRuleAndErrorRatios|LargeCombinations|BackwardLarge|LongShapes|Bf16BitwiseIdenticalAcrossThreadCountsAndBackends|Bf16ForwardWithinTwiceNaiveBf16|Bf16BackwardWithinThriceNaiveBf16|ForwardIoExact|SameBitsForEveryBackend|BlockMaskAddsNoPlanDependence|HiddenQueryTilesLoadNothing|FlexForwardEqualsBuiltin|Bf16QueriesE4m3|Bf16QueriesInt8|FlexBackwardAccuracy\.(RelativeBiasPrefixLm|CustomWithGradBlockSparse|Bf16UnderTheRule|AlibiCausal|SoftcapDocument)|FlexForwardPrecision|PairGemmMatchesGenericBitwiseOnAwkwardShapes|NonFiniteValuesReachOnlyRowsThatSeeTheirKey|BackwardDeterminism\.FloatCausalGqa|TreeVerify\.MatchesTheReferenceWithTheTreeAsADenseMask|compile_fail|^layers\."
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE package -E "compile_fail|^layers\."
 }
 
 run_tsan() {
   echo "== ThreadSanitizer (clang, libomp + Archer; serial and OpenMP backends)"
   cmake -S . -B build-tsan $(generator build-tsan) "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
-    -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_TBB=OFF \
+    -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_WITH_TBB=OFF -DTILEATTN_WITH_MPI=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fno-omit-frame-pointer -fsanitize=thread"
-  local targets=(backend_parallel_for_test backend_tsan_canary variants_combinations_test
-                 variants_nonfinite_test kernels_forward_test variants_gqa_test variants_varlen_test
-                 kernels_forward_precision_test variants_nonfinite_storage_test
-                 kernels_backward_determinism_test kernels_backward_test paged_forward_test
-                 paged_merge_states_test)
-  cmake --build build-tsan -j"$jobs" --target "${targets[@]}"
+  # Every suite whose kernels run on several threads (parallel_for over work items, split-KV's
+  # and prefix-once's merge passes, the backward's dQ hand-offs, ring's progress thread).
+  local targets=(backend_parallel_for_test backend_tsan_canary backend_execution_test
+                 kernels_forward_test kernels_forward_precision_test kernels_backward_test
+                 kernels_backward_determinism_test variants_combinations_test variants_nonfinite_test
+                 variants_nonfinite_storage_test variants_gqa_test variants_varlen_test
+                 variants_batch_invariance_test paged_forward_test paged_merge_states_test
+                 paged_split_kv_test paged_kv_cache_test paged_quantized_kv_test paged_quantized_4bit_test
+                 paged_rotary_test flex_forward_test flex_backward_test flex_paged_test flex_block_mask_test)
+  local ring=()
+  cmake --build build-tsan --target help | grep -q "^distributed_ring_test" && ring=(distributed_ring_test)
+  cmake --build build-tsan -j"$jobs" --target "${targets[@]}" "${ring[@]}"
+  local names
+  names="$(IFS='|'; echo "${targets[*]}")"
+  # Open MPI is not instrumented: ignore_noninstrumented_modules keeps its internals out of
+  # the reports; the ring suite's own threads (the progress thread) are checked.
   OMP_TOOL_LIBRARIES="$llvm_lib/libarcher.so" \
   TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 suppressions=$repo_root/tests/tsan.supp" \
-  TILEATTN_DETERMINISM_REPEATS=20 \
-    ctest --test-dir build-tsan --output-on-failure -j"$jobs" \
-      -R "^(backend_parallel_for_test|backend_tsan_canary|variants_combinations_test|variants_nonfinite_test|kernels_forward_test|variants_gqa_test|variants_varlen_test|kernels_forward_precision_test|variants_nonfinite_storage_test|kernels_backward_determinism_test|kernels_backward_test|paged_forward_test|paged_merge_states_test):" \
-      -E "SmallShapes|LongShapes|EveryCombination|BackwardLarge|PrintsErrorFiguresForDocs|LargeCombinations"
+  TILEATTN_DETERMINISM_REPEATS=50 \
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "^(($names):|distributed\.ring)"
 }
 
 run_fuzz() {
@@ -92,7 +88,7 @@ run_fuzz() {
   cmake -S . -B build-fuzz $(generator build-fuzz) "${common[@]}" "${linked[@]}" -DCMAKE_BUILD_TYPE=Sanitize \
     -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_EXAMPLES=OFF -DTILEATTN_BUILD_FUZZERS=ON \
     -DCMAKE_CXX_FLAGS="-O1 -g1 -fsanitize=address,undefined -fno-sanitize-recover=all -fsanitize=fuzzer-no-link" \
-    -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-6000}"
+    -DTILEATTN_FUZZ_RUNS="${TILEATTN_FUZZ_RUNS:-8000}" -DTILEATTN_WITH_MPI=ON
   cmake --build build-fuzz -j"$jobs" --target fuzzers
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-fuzz --output-on-failure -L fuzz -j"$jobs"

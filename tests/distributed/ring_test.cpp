@@ -39,6 +39,21 @@ int world_size() {
   return s;
 }
 
+/// Rank 0's x on every rank. The double references are computed on rank 0 alone and
+/// broadcast: when every rank computed them, the N 1000 cases took most of the sanitizer
+/// runs' 10 minutes over the rank counts (4 ranks on 2 cores computing the same thing).
+template <class E>
+void broadcast(std::vector<E>& x) {
+  unsigned long long n = x.size();
+  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  x.resize(static_cast<std::size_t>(n));
+  MPI_Bcast(x.data(), static_cast<int>(n * sizeof(E)), MPI_BYTE, 0, MPI_COMM_WORLD);
+}
+template <class Real>
+void broadcast(reference::BackwardGrads<Real>& g) {
+  for (auto* x : {&g.dq, &g.dk, &g.dv, &g.dsinks, &g.dbias}) broadcast(*x);
+}
+
 struct Config {
   const char* name;
   ProblemShape shape;
@@ -70,7 +85,7 @@ std::vector<Config> configs() {
   };
 }
 
-// Long enough for many kernel tiles per chunk pair; the sanitizer builds skip these (*Large*).
+// Long enough for many kernel tiles per chunk pair.
 std::vector<Config> large_configs() {
   return {{"causal N 1000", {1, 1000, 1000, 2, 1, 64, 64}, Sharding::zigzag, [](ForwardOptions& o) { o.causal = true; }}};
 }
@@ -178,8 +193,15 @@ void check_fp32(const std::vector<Config>& cases) {
     if (!opt.sinks.empty()) opt.dsinks = dsinks;
     full.backward(opt);
     const reference::Options ref_opt = reference::Options::from(opt);
-    const auto ref = reference::attention<float>(full.qv, full.kv, full.vv, ref_opt);
-    const reference::BackwardResult ref_grads = full.reference(ref_opt);
+    reference::AttentionResult ref;
+    reference::BackwardResult ref_grads;
+    if (world_rank() == 0) {
+      ref = reference::attention<float>(full.qv, full.kv, full.vv, ref_opt);
+      ref_grads = full.reference(ref_opt);
+    }
+    broadcast(ref.o);
+    broadcast(ref.lse);
+    broadcast(ref_grads);
 
     RingShard<float> mine(full, ShardLayout(c.shape.seqlen_q, world_size(), c.sharding));
     opt.dsinks = {};
@@ -233,8 +255,14 @@ void check_bf16(const std::vector<Config>& cases) {
     BackwardOptions opt;
     c.set(opt);
     const reference::Options ref_opt = reference::Options::from(opt);
-    const reference::BackwardResult ref_grads = full.reference(ref_opt);
-    const reference::NaiveBackwardF naive = full.naive(ref_opt);
+    reference::BackwardResult ref_grads;
+    reference::NaiveBackwardF naive;
+    if (world_rank() == 0) {
+      ref_grads = full.reference(ref_opt);
+      naive = full.naive(ref_opt);
+    }
+    broadcast(ref_grads);
+    broadcast(naive);
     const auto& s = c.shape;
     // The forward reference and the naive bf16 forward take the same values as floats.
     std::vector<float> qf = RingShard<bf16>::floats(full.q), kf = RingShard<bf16>::floats(full.k),
@@ -242,15 +270,22 @@ void check_bf16(const std::vector<Config>& cases) {
     const auto as_float_view = [](std::vector<float>& x, const std::vector<bf16>& buffer, const TensorView<bf16>& v) {
       return TensorView<const float>{x.data() + (v.data - buffer.data()), v.shape, v.stride};
     };
-    const auto ref = reference::attention<float>(as_float_view(qf, full.q, full.qv), as_float_view(kf, full.k, full.kv),
-                                                 as_float_view(vf, full.v, full.vv), ref_opt);
     const auto as_floats = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+    reference::AttentionResult ref;
     std::vector<float> naive_o(static_cast<std::size_t>(s.batch * s.seqlen_q * s.heads * s.head_dim_v)),
         naive_lse(static_cast<std::size_t>(s.batch * s.heads * s.seqlen_q));
-    naive_same_precision<bf16>(as_float_view(qf, full.q, full.qv), as_float_view(kf, full.k, full.kv),
-                               as_float_view(vf, full.v, full.vv), ref_opt,
-                               make_bshd(naive_o.data(), s.batch, s.seqlen_q, s.heads, s.head_dim_v),
-                               make_lse(naive_lse.data(), s.batch, s.heads, s.seqlen_q));
+    if (world_rank() == 0) {
+      ref = reference::attention<float>(as_float_view(qf, full.q, full.qv), as_float_view(kf, full.k, full.kv),
+                                        as_float_view(vf, full.v, full.vv), ref_opt);
+      naive_same_precision<bf16>(as_float_view(qf, full.q, full.qv), as_float_view(kf, full.k, full.kv),
+                                 as_float_view(vf, full.v, full.vv), ref_opt,
+                                 make_bshd(naive_o.data(), s.batch, s.seqlen_q, s.heads, s.head_dim_v),
+                                 make_lse(naive_lse.data(), s.batch, s.heads, s.seqlen_q));
+    }
+    broadcast(ref.o);
+    broadcast(ref.lse);
+    broadcast(naive_o);
+    broadcast(naive_lse);
 
     RingShard<bf16> mine(full, ShardLayout(s.seqlen_q, world_size(), c.sharding));
     mine.forward(MPI_COMM_WORLD, opt);
