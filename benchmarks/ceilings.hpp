@@ -15,7 +15,7 @@
 #include <vector>
 
 #if defined(__AVX512BF16__)
-#include "tileattn/arch/intrinsics.hpp"
+#include <immintrin.h>
 #endif
 #if __has_include("tileattn/arch/amx.hpp")
 #include "tileattn/arch/amx.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tileattn/arch/intrinsics.hpp"
+#include <immintrin.h>
 
 #include "tileattn/arch/avx2.hpp"
 #include "tileattn/arch/avx512.hpp"

@@ -22,7 +22,7 @@
 #endif
 
 #if defined(__F16C__) || defined(__AVX512BF16__)
-#include "tileattn/arch/intrinsics.hpp"
+#include <immintrin.h>
 #endif
 
 #include "tileattn/core/half_types.hpp"

@@ -50,7 +50,7 @@
     (!defined(TILEATTN_BF16_DOT_PRODUCT) || TILEATTN_BF16_DOT_PRODUCT != 0)
 #define TILEATTN_HAS_AMX_KERNELS 1
 
-#include "tileattn/arch/intrinsics.hpp"
+#include <immintrin.h>
 
 #include <atomic>
 #include <cstdint>

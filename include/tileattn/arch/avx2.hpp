@@ -19,7 +19,7 @@
 
 #define TILEATTN_ARCH_AVX2_COMPILED 1
 
-#include "tileattn/arch/intrinsics.hpp"
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>

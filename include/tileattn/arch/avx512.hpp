@@ -28,7 +28,7 @@
 #if defined(__AVX512F__) || TILEATTN_ARCH_DISPATCH
 #define TILEATTN_ARCH_AVX512_COMPILED 1
 
-#include "tileattn/arch/intrinsics.hpp"
+#include <immintrin.h>
 
 #include <bit>
 #include <cmath>
@@ -43,13 +43,6 @@
 #include "tileattn/core/quantized_types.hpp"
 #include "tileattn/core/types.hpp"
 
-// GCC 12 reports -Wmaybe-uninitialized inside several unmasked AVX-512 intrinsics (they
-// merge into _mm512_undefined_ps(); GCC bug 105593, fixed in GCC 13). The warning is false.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
 
 #if defined(__AVX512F__)  // fixed: the features the flags enable
 #define TILEATTN_AVX512_SET avx512
@@ -92,15 +85,63 @@ TILEATTN_TARGET_END
 #undef TILEATTN_AVX512_HAS_DQ
 #undef TILEATTN_AVX512_HAS_BW_VL
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 #endif  // __AVX512F__ || TILEATTN_ARCH_DISPATCH
 #endif  // TILEATTN_ARCH_AVX512_HPP
 #else  // the body, included by the part above
 
 namespace tileattn::arch::TILEATTN_AVX512_SET {
+
+/// The AVX-512 intrinsics whose unmasked forms, in GCC 12's headers, merge into an
+/// _mm512_undefined_*() placeholder (`__m512 __Y = __Y;`), which GCC 12 reports as used
+/// uninitialized once inlined into a kernel: some 900 false -Wuninitialized and
+/// -Wmaybe-uninitialized lines a Release build (GCC bug 105593, fixed in GCC 13's headers). A
+/// diagnostic pragma around the header does not help: GCC 12 does not keep pragmas in a
+/// precompiled header, which the tests use. Their zero-masking forms with every lane
+/// selected are the same instructions (GCC and clang emit the unmasked encodings: no mask
+/// register, the same bits) and start from _mm512_setzero_*(). The kernels call these.
+namespace intrinsics {
+inline __m512 max_ps(__m512 a, __m512 b) { return _mm512_maskz_max_ps(0xFFFF, a, b); }
+inline __m512 min_ps(__m512 a, __m512 b) { return _mm512_maskz_min_ps(0xFFFF, a, b); }
+inline __m512 scalef_ps(__m512 a, __m512 b) { return _mm512_maskz_scalef_ps(0xFFFF, a, b); }
+template <int Imm>
+__m512 roundscale_ps(__m512 a) { return _mm512_maskz_roundscale_ps(0xFFFF, a, Imm); }
+template <int Imm>
+__m512 shuffle_f32x4(__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, Imm); }
+inline __m512 unpacklo_ps(__m512 a, __m512 b) { return _mm512_maskz_unpacklo_ps(0xFFFF, a, b); }
+inline __m512 unpackhi_ps(__m512 a, __m512 b) { return _mm512_maskz_unpackhi_ps(0xFFFF, a, b); }
+inline __m512d unpacklo_pd(__m512d a, __m512d b) { return _mm512_maskz_unpacklo_pd(0xFF, a, b); }
+inline __m512d unpackhi_pd(__m512d a, __m512d b) { return _mm512_maskz_unpackhi_pd(0xFF, a, b); }
+template <int Imm>
+__m256d extractf64x4_pd(__m512d a) { return _mm512_maskz_extractf64x4_pd(0xF, a, Imm); }
+inline __m512i cvtepu16_epi32(__m256i a) { return _mm512_maskz_cvtepu16_epi32(0xFFFF, a); }
+inline __m512i cvtepi8_epi32(__m128i a) { return _mm512_maskz_cvtepi8_epi32(0xFFFF, a); }
+inline __m512 cvtepi32_ps(__m512i a) { return _mm512_maskz_cvtepi32_ps(0xFFFF, a); }
+inline __m256i cvtepi32_epi16(__m512i a) { return _mm512_maskz_cvtepi32_epi16(0xFFFF, a); }
+inline __m512 cvtph_ps(__m256i a) { return _mm512_maskz_cvtph_ps(0xFFFF, a); }
+template <int Imm>
+__m256i cvtps_ph(__m512 a) { return _mm512_maskz_cvtps_ph(0xFFFF, a, Imm); }
+template <unsigned Imm>
+__m512i slli_epi32(__m512i a) { return _mm512_maskz_slli_epi32(0xFFFF, a, Imm); }
+template <unsigned Imm>
+__m512i srli_epi32(__m512i a) { return _mm512_maskz_srli_epi32(0xFFFF, a, Imm); }
+/// _mm512_reduce_add_ps and _mm512_reduce_max_ps, step for step as GCC 12's headers do them
+/// (halves, then quarters, then pairs: the same order, so the same bits), on the masked
+/// extracts above.
+inline float reduce_add_ps(__m512 x) {
+  const __m256 a = _mm256_add_ps(_mm256_castpd_ps(extractf64x4_pd<1>(_mm512_castps_pd(x))),
+                                 _mm256_castpd_ps(extractf64x4_pd<0>(_mm512_castps_pd(x))));
+  const __m128 b = _mm_add_ps(_mm256_extractf128_ps(a, 1), _mm256_extractf128_ps(a, 0));
+  const __m128 c = _mm_add_ps(b, _mm_shuffle_ps(b, b, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+inline float reduce_max_ps(__m512 x) {
+  const __m256 a = _mm256_max_ps(_mm256_castpd_ps(extractf64x4_pd<1>(_mm512_castps_pd(x))),
+                                 _mm256_castpd_ps(extractf64x4_pd<0>(_mm512_castps_pd(x))));
+  const __m128 b = _mm_max_ps(_mm256_extractf128_ps(a, 1), _mm256_extractf128_ps(a, 0));
+  const __m128 c = _mm_max_ps(b, _mm_shuffle_ps(b, b, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(_mm_max_ps(c, _mm_shuffle_ps(c, c, _MM_SHUFFLE(0, 1, 0, 1))));
+}
+}  // namespace intrinsics
 
 inline constexpr const char* name = "avx512";
 /// With AVX-512 BF16 (vdpbf16ps), bf16 tiles are multiplied as bf16 pairs into float
@@ -287,9 +328,9 @@ inline void gemm_panel_of(int vectors, index_t m, index_t k, const E* a, index_t
 template <bool ForBf16 = false>
 inline __m512 exp2(__m512 x) {
   namespace c = exp2_poly;
-  x = _mm512_max_ps(_mm512_set1_ps(c::lowest_input), x);  // max(lo, NaN) keeps the NaN
-  x = _mm512_min_ps(_mm512_set1_ps(c::highest_input), x);
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = intrinsics::max_ps(_mm512_set1_ps(c::lowest_input), x);  // max(lo, NaN) keeps the NaN
+  x = intrinsics::min_ps(_mm512_set1_ps(c::highest_input), x);
+  const __m512 n = intrinsics::roundscale_ps<_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC>(x);
   const __m512 f = _mm512_sub_ps(x, n);  // exact, in [-1/2, 1/2]
   __m512 p;
   if constexpr (ForBf16) {
@@ -307,7 +348,7 @@ inline __m512 exp2(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c::c1));
   }
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);  // p * 2^n, rounded once (also into the subnormals)
+  return intrinsics::scalef_ps(p, n);  // p * 2^n, rounded once (also into the subnormals)
 }
 
 /// Transposes the 16 x 16 block whose rows are r[0..16) in place: r[c] becomes column c.
@@ -316,8 +357,8 @@ inline void transpose_16x16(__m512 r[16]) {
   __m512 t[16];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {  // t[2i], t[2i+1]: rows 2i and 2i+1 interleaved
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i] = intrinsics::unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = intrinsics::unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
 #pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) {  // r[4g + j], 128-bit lane L: rows 4g..4g+3 of column 4L + j
@@ -328,17 +369,17 @@ inline void transpose_16x16(__m512 r[16]) {
   }
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {  // gather the four row groups' lanes of each column
-    t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
-    t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
-    t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
-    t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    t[j] = intrinsics::shuffle_f32x4<0x88>(r[j], r[4 + j]);
+    t[4 + j] = intrinsics::shuffle_f32x4<0xDD>(r[j], r[4 + j]);
+    t[8 + j] = intrinsics::shuffle_f32x4<0x88>(r[8 + j], r[12 + j]);
+    t[12 + j] = intrinsics::shuffle_f32x4<0xDD>(r[8 + j], r[12 + j]);
   }
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {
-    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
-    r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
-    r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD);
+    r[j] = intrinsics::shuffle_f32x4<0x88>(t[j], t[8 + j]);
+    r[8 + j] = intrinsics::shuffle_f32x4<0xDD>(t[j], t[8 + j]);
+    r[4 + j] = intrinsics::shuffle_f32x4<0x88>(t[4 + j], t[12 + j]);
+    r[12 + j] = intrinsics::shuffle_f32x4<0xDD>(t[4 + j], t[12 + j]);
   }
 }
 
@@ -402,14 +443,14 @@ inline float row_max(const float* x, index_t n) {
   __m512 m0 = lowest, m1 = lowest;
   index_t j = 0;
   for (; j + 2 * lanes <= n; j += 2 * lanes) {
-    m0 = _mm512_max_ps(_mm512_loadu_ps(x + j), m0);  // max(NaN, m) keeps m
-    m1 = _mm512_max_ps(_mm512_loadu_ps(x + j + lanes), m1);
+    m0 = intrinsics::max_ps(_mm512_loadu_ps(x + j), m0);  // max(NaN, m) keeps m
+    m1 = intrinsics::max_ps(_mm512_loadu_ps(x + j + lanes), m1);
   }
   for (; j < n; j += lanes) {
     const __mmask16 mask = detail::first_lanes(n - j < lanes ? n - j : lanes);
-    m0 = _mm512_max_ps(_mm512_mask_loadu_ps(lowest, mask, x + j), m0);
+    m0 = intrinsics::max_ps(_mm512_mask_loadu_ps(lowest, mask, x + j), m0);
   }
-  return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+  return intrinsics::reduce_max_ps(intrinsics::max_ps(m0, m1));
 }
 
 namespace detail {
@@ -460,7 +501,7 @@ inline float exp2_shift_sum_row(float* xr, index_t n, __m512 f, __m512 s, [[mayb
   // Value j always lands in lane j % 16 of sum (j / 16) % 2, so zeros past the visible keys
   // (a key tile cut short at a query tile's last visible key, or not) leave the sum's
   // rounding unchanged: results never depend on the tiling.
-  return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+  return intrinsics::reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 }  // namespace detail
 
@@ -546,23 +587,23 @@ inline float exp2(float x) { return _mm512_cvtss_f32(detail::exp2(_mm512_set1_ps
 namespace detail {
 /// 16 bf16 (as 16-bit lanes of a ymm) -> 16 floats: each shifted into a float's upper half.
 inline __m512 bf16_to_ps(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  return _mm512_castsi512_ps(intrinsics::slli_epi32<16>(intrinsics::cvtepu16_epi32(h)));
 }
 /// 16 floats -> 16 bf16 rounded to nearest even on the bits (exact for subnormals, NaN quiet).
 inline __m256i ps_to_bf16(__m512 x) {
   const __m512i bits = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i odd = _mm512_and_si512(intrinsics::srli_epi32<16>(bits), _mm512_set1_epi32(1));
   __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   rounded = _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x00400000));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+  return intrinsics::cvtepi32_epi16(intrinsics::srli_epi32<16>(rounded));
 }
 
 // 16 bytes of 8-bit storage -> 16 floats, each exactly tileattn::to_float of its byte (NaN
 // codes give a NaN; e5m2's keep their payload, quieted, as fp16's do).
 
 /// e5m2 is the top byte of an fp16.
-inline __m512 e5m2_to_ps(__m128i b) { return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8)); }
+inline __m512 e5m2_to_ps(__m128i b) { return intrinsics::cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8)); }
 /// e4m3fn S.EEEE.MMM placed as the fp16 S.0EEEE.MMM0000000 is its value times 2^-8 (fp16's
 /// exponent bias is 15, e4m3's 7), subnormals included, so one exact multiply by 2^8 follows;
 /// the NaN code S.1111.111 becomes a quiet NaN of its sign (as the scalar gives).
@@ -570,7 +611,7 @@ inline __m512 e4m3_to_ps(__m128i b) {
   const __m256i w = _mm256_cvtepu8_epi16(b);
   const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
   const __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7);
-  const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, magnitude)), _mm512_set1_ps(256.0f));
+  const __m512 x = _mm512_mul_ps(intrinsics::cvtph_ps(_mm256_or_si256(sign, magnitude)), _mm512_set1_ps(256.0f));
   const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, _mm_set1_epi8(0x7f)), _mm_set1_epi8(0x7f));
   constexpr int a_and_b_or_c = 0xEA;  // vpternlogd truth table of (a & b) | c
   return _mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32(_mm512_castps_si512(x), nan,
@@ -579,7 +620,7 @@ inline __m512 e4m3_to_ps(__m128i b) {
 }
 /// int8 sign-extended and converted; int8_nan (-128) becomes a quiet NaN.
 inline __m512 int8_to_ps(__m128i b) {
-  const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+  const __m512 x = intrinsics::cvtepi32_ps(intrinsics::cvtepi8_epi32(b));
   const __mmask16 nan = _mm_cmpeq_epi8_mask(b, _mm_set1_epi8(int8_nan));
   return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
 }
@@ -610,7 +651,7 @@ inline void to_float(const fp16* src, float* dst, index_t n) {
   using detail::lanes;
   for (index_t j = 0; j < n; j += lanes) {
     const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
-    _mm512_mask_storeu_ps(dst + j, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + j)));
+    _mm512_mask_storeu_ps(dst + j, m, intrinsics::cvtph_ps(_mm256_maskz_loadu_epi16(m, src + j)));
   }
 }
 
@@ -632,7 +673,7 @@ inline void from_float(const float* src, fp16* dst, index_t n) {
   using detail::lanes;
   for (index_t j = 0; j < n; j += lanes) {
     const __mmask16 m = detail::first_lanes(n - j < lanes ? n - j : lanes);
-    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i h = intrinsics::cvtps_ph<_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC>(_mm512_maskz_loadu_ps(m, src + j));
     _mm256_mask_storeu_epi16(dst + j, m, h);
   }
 }
@@ -643,9 +684,9 @@ inline void interleave_pairs(const bf16* a, const bf16* b, bf16x2* dst, index_t 
   using detail::lanes;
   for (index_t c = 0; c < n; c += lanes) {
     const __mmask16 m = detail::first_lanes(n - c < lanes ? n - c : lanes);
-    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + c));
-    const __m512i hi = b ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + c)) : _mm512_setzero_si512();
-    _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    const __m512i lo = intrinsics::cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + c));
+    const __m512i hi = b ? intrinsics::cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b + c)) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, intrinsics::slli_epi32<16>(hi)));
   }
 }
 
@@ -656,10 +697,10 @@ inline void interleave_rounded(const float* a, const float* b, bf16x2* dst, inde
   using detail::lanes;
   for (index_t c = 0; c < n; c += lanes) {
     const __mmask16 m = detail::first_lanes(n - c < lanes ? n - c : lanes);
-    const __m512i lo = _mm512_cvtepu16_epi32(detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, a + c)));
-    const __m512i hi = b ? _mm512_cvtepu16_epi32(detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, b + c)))
+    const __m512i lo = intrinsics::cvtepu16_epi32(detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, a + c)));
+    const __m512i hi = b ? intrinsics::cvtepu16_epi32(detail::ps_to_bf16(_mm512_maskz_loadu_ps(m, b + c)))
                          : _mm512_setzero_si512();
-    _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, intrinsics::slli_epi32<16>(hi)));
   }
 }
 
@@ -753,8 +794,8 @@ inline __m512 load_floats(const float* p, __mmask16 m) { return _mm512_maskz_loa
 #if TILEATTN_AVX512_HAS_BW_VL
 inline __m512 load_floats(const bf16* p) { return bf16_to_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline __m512 load_floats(const bf16* p, __mmask16 m) { return bf16_to_ps(_mm256_maskz_loadu_epi16(m, p)); }
-inline __m512 load_floats(const fp16* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline __m512 load_floats(const fp16* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 load_floats(const fp16* p) { return intrinsics::cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load_floats(const fp16* p, __mmask16 m) { return intrinsics::cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 /// 16 8-bit values (int8 unscaled: the kernels apply the scale) -> 16 floats.
 template <quantized_type Byte>
 inline __m512 load_floats(const Byte* p) {
@@ -777,16 +818,16 @@ inline __m512 load_floats(const Half* p, __mmask16 m = 0xFFFF) {
 inline __m512 sum_lanes_16(const __m512 (&a)[16]) {
   __m512 b[8], c[4];
   for (int i = 0; i < 8; ++i)
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    b[i] = _mm512_add_ps(intrinsics::unpacklo_ps(a[2 * i], a[2 * i + 1]), intrinsics::unpackhi_ps(a[2 * i], a[2 * i + 1]));
   for (int i = 0; i < 4; ++i) {
-    const __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
-    const __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+    const __m512d lo = intrinsics::unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+    const __m512d hi = intrinsics::unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
     c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
   }
   constexpr int even = _MM_SHUFFLE(2, 0, 2, 0), odd = _MM_SHUFFLE(3, 1, 3, 1);
-  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], even), _mm512_shuffle_f32x4(c[0], c[1], odd));
-  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], even), _mm512_shuffle_f32x4(c[2], c[3], odd));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, even), _mm512_shuffle_f32x4(e0, e1, odd));
+  const __m512 e0 = _mm512_add_ps(intrinsics::shuffle_f32x4<even>(c[0], c[1]), intrinsics::shuffle_f32x4<odd>(c[0], c[1]));
+  const __m512 e1 = _mm512_add_ps(intrinsics::shuffle_f32x4<even>(c[2], c[3]), intrinsics::shuffle_f32x4<odd>(c[2], c[3]));
+  return _mm512_add_ps(intrinsics::shuffle_f32x4<even>(e0, e1), intrinsics::shuffle_f32x4<odd>(e0, e1));
 }
 
 /// Rows of C x Keys keys (Rows * Keys <= 16: 1 x 8, 2 x 8 or 4 x 4): one accumulator of
@@ -1028,7 +1069,7 @@ inline __m512 e2m1_nibbles() {
 inline void nibble_indices(__m128i bytes, __m512i& low, __m512i& high) {
   const __m512i w = _mm512_cvtepu8_epi32(bytes);
   low = _mm512_and_si512(w, _mm512_set1_epi32(0xf));
-  high = _mm512_srli_epi32(w, 4);
+  high = intrinsics::srli_epi32<4>(w);
 }
 /// FP4 packs value 2i in byte i's low nibble: lows and highs interleaved, first 8 pairs.
 inline __m512i interleave_low_half(__m512i low, __m512i high) {

@@ -53,7 +53,7 @@ namespace detail {
 
 inline void validate_execution(const Execution& exec) {
   TILEATTN_REQUIRE(backend_available(exec.backend), "backend",
-          std::string("backend '") + to_string(exec.backend) + "' was not compiled in");
+          join({"backend '", to_string(exec.backend), "' was not compiled in"}));
   TILEATTN_REQUIRE(exec.num_threads >= 0 && exec.num_threads <= max_threads, "num_threads",
           "must be in [0, " + std::to_string(max_threads) + "] (0 means the backend default), got " +
               std::to_string(exec.num_threads));

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <initializer_list>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace tileattn {
@@ -52,6 +54,15 @@ namespace detail {
 
 inline void require(bool condition, const std::string& parameter, const std::string& reason) {
   if (!condition) throw invalid_argument(parameter, reason);
+}
+
+/// The parts one after another, appended into one string: for messages that start with a
+/// literal and a name (`std::string("x '") + name + "'"` makes GCC 12 report a false
+/// -Warray-bounds inside basic_string's move at -O2, GCC bug 105651).
+inline std::string join(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view part : parts) out.append(part);
+  return out;
 }
 
 [[noreturn]] inline void fail(const std::string& parameter, const std::string& reason) {

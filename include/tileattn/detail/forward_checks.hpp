@@ -148,8 +148,7 @@ KvScaleView resolve_kv_scale(const KvScaleView& s, const char* name, const char*
                              index_t heads_kv) {
   if (!s.data) return s;
   TILEATTN_REQUIRE(quantized_type<KV>, name,
-                   std::string("is only taken by 8-bit K and V (fp8_e4m3, fp8_e5m2, int8); they hold ") +
-                       kv_type_name<KV>());
+                   join({"is only taken by 8-bit K and V (fp8_e4m3, fp8_e5m2, int8); they hold ", kv_type_name<KV>()}));
   const std::array<const char*, 2> dims{rows_meaning, "heads_kv"};
   check_view(s, name, dims, {rows == 0, false});
   const std::array<index_t, 2> want{rows, heads_kv};

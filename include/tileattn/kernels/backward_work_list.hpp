@@ -25,7 +25,7 @@
 #include "tileattn/ops/score_mods.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include "tileattn/arch/intrinsics.hpp"
+#include <immintrin.h>
 #endif
 
 namespace tileattn::kernels {
