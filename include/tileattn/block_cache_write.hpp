@@ -6,12 +6,13 @@
 // the block's value count. Each block of a row takes its own scale from its own values
 // (the codec's rule), so a write touches only the slots it writes: no page scale grows and
 // no earlier row is ever requantized (unlike int8's per-page scales, cache_write.hpp).
-// Rotary tables rotate each K row in float at its position before it is quantized; with
-// `hadamard`, each K row (after rotary) and each V row is then turned by the normalised
-// Walsh-Hadamard transform (ops/hadamard.hpp), which spreads outlier channels over the row
-// before the blocks take their scales (forward_paged's options.hadamard undoes it). Checked
-// as write_kv_slots; a bad argument throws tileattn::invalid_argument naming it, with
-// nothing written.
+// Rotary tables rotate each K row in float at its position before it is quantized; into
+// pools of hadamard_rotated<B> (core/block_quantized_types.hpp), each K row (after rotary)
+// and each V row is then turned by the normalised Walsh-Hadamard transform
+// (ops/hadamard.hpp), which spreads outlier channels over the row before the blocks take
+// their scales (forward_paged over those pools undoes it: the pools' type says so, there is
+// no flag to forget). Checked as write_kv_slots; a bad argument throws
+// tileattn::invalid_argument naming it, with nothing written.
 #pragma once
 
 #include <cstdint>
@@ -63,13 +64,16 @@ void quantize_token_blocks(const StridedView<const S, 3>& rows, index_t token, c
 
 /// write_kv_slots into 4-bit block pools: token i's rows (float, bf16 or fp16) quantized
 /// into slot slot_mapping[i] (-1: skipped), K rotated at positions[i] first when `rotary`
-/// has tables, then K and V by H when `hadamard` is (head_dim and head_dim_v powers of two).
-/// Pools [num_pages, page_size, heads_kv, head_dim(_v) / values_per_block].
-template <block_quantized_type B, class SK, class SV>
-void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<B> k_cache,
-                    PagePoolView<B> v_cache, std::span<const std::int64_t> slot_mapping,
-                    const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {},
-                    bool hadamard = false) {
+/// has tables, then, into pools of hadamard_rotated<B>, K and V by H (head_dim and
+/// head_dim_v powers of two). Pools [num_pages, page_size, heads_kv, head_dim(_v) /
+/// values_per_block].
+template <block_pool_type P, class SK, class SV>
+void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<P> k_pool,
+                    PagePoolView<P> v_pool, std::span<const std::int64_t> slot_mapping,
+                    const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {}) {
+  using B = stored_block_t<P>;  // the blocks the codec writes
+  constexpr bool hadamard = is_hadamard_rotated<P>;
+  const PagePoolView<B> k_cache = reinterpret_view<B>(k_pool), v_cache = reinterpret_view<B>(v_pool);
   using S = std::remove_const_t<SK>;
   static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
                 "tileattn: write_kv_slots: new K and V rows for a 4-bit cache must both hold float, bf16 or fp16");
@@ -95,9 +99,12 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
   const index_t page_size = k_cache.shape[1];
   detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_cache.shape[0] * page_size);
   detail::check_rotary_write(rotary, positions, slot_mapping, k_rows.shape[0], k_rows.shape[2], "k_new");
-  for (const index_t d : {k_rows.shape[2], v_rows.shape[2]})
-    TILEATTN_REQUIRE(!hadamard || ops::hadamard_length(d), "hadamard",
-                     "needs power-of-two head dims, got " + std::to_string(d));
+  if constexpr (hadamard)
+    for (const auto& [rows, name] : {std::pair{&k_rows, "k_new.shape[2] (head_dim)"},
+                                     std::pair{&v_rows, "v_new.shape[2] (head_dim_v)"}})
+      TILEATTN_REQUIRE(ops::hadamard_length(rows->shape[2]), name,
+                       std::string("must be a power of two for pools of ") + kv_type_name<P>() + ", got " +
+                           std::to_string(rows->shape[2]));
   std::vector<float> x(static_cast<std::size_t>(std::max(k_rows.shape[2], v_rows.shape[2])));
   detail::for_each_slot(slot_mapping, page_size, rotary, positions, [&](index_t token, index_t page, index_t row,
                                                                         index_t position) {

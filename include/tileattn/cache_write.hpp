@@ -319,7 +319,7 @@ void check_write_rotary(const RotaryOptions& rotary, std::span<const std::int64_
 /// (num_tokens entries, each a row of the tables; a skipped token's is not read), rounded
 /// once to T: the bits apply_rotary would give it. V is written as it is.
 template <class SK, class SV, class T>
-  requires(!quantized_type<T> && !block_quantized_type<T>)  // those quantize: below, block_cache_write.hpp
+  requires(!quantized_type<T> && !block_pool_type<T>)  // those quantize: below, block_cache_write.hpp
 void write_kv_slots(const StridedView<SK, 3>& new_k, const StridedView<SV, 3>& new_v, PagePoolView<T> k_cache,
                     PagePoolView<T> v_cache, std::span<const std::int64_t> slot_mapping,
                     const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {}) {

@@ -18,7 +18,6 @@
 #include <cmath>
 #include <type_traits>
 
-#include "tileattn/ops/hadamard.hpp"
 #include "tileattn/call_plan.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/params.hpp"
@@ -145,7 +144,6 @@ ForwardParams<T, KV> make_params(TensorView<const T> q, TensorView<const KV> k, 
   p.lse = lse;
   p.softmax_scale = default_scale(opt, q.shape[dim::head_dim]);
   p.rotary = opt.rotary;
-  p.hadamard = opt.hadamard;
   return p;
 }
 
@@ -181,18 +179,6 @@ StridedView<T, 4> unpack(const PackedView<T>& v) {
   return v.with_leading();
 }
 
-/// ForwardOptions::hadamard: only over 4-bit block K/V (stored rotated by a KvCache that
-/// rotates), with head dims H exists for.
-template <class T, class KV>
-void check_hadamard(const ForwardParams<T, KV>& p) {
-  if (!p.hadamard) return;
-  TILEATTN_REQUIRE(block_quantized_type<KV>, "hadamard",
-                   "is taken only by forward_paged over 4-bit block pools (q4_0, mxfp4, nvfp4), stored rotated");
-  for (const auto& [d, name] : {std::pair{p.head_dim(), "head_dim"}, std::pair{p.head_dim_v(), "head_dim_v"}})
-    TILEATTN_REQUIRE(ops::hadamard_length(d), "hadamard",
-                     std::string("needs a power-of-two ") + name + ", got " + std::to_string(d));
-}
-
 /// The checks every forward-family call (forward, varlen, flex, paged) makes once its params
 /// and sequences are set, in one order: the 8-bit scales (`scales_of` names their leading
 /// dimension, e.g. "batch" or "num_pages", of extent `scales_extent`), the options against
@@ -206,7 +192,6 @@ void check_call(ForwardParams<T, KV>& p, const ForwardOptions& options, const ch
   check_budget(options);
   check_aliasing(p);
   check_rotary(p);
-  check_hadamard(p);
 }
 
 /// Every check forward() makes of its arguments, and the params they give (also how

@@ -48,7 +48,11 @@
 // the pools are [num_pages, page_size, heads_kv, head_dim / values_per_block] blocks
 // (head_dim and head_dim_v must be multiples of the block), write and append quantize rows
 // in float, bf16 or fp16 block by block (block_cache_write.hpp), and forward_paged reads the
-// pools with no scale options. NVFP4's tensor scale is 1 here.
+// pools with no scale options. NVFP4's tensor scale is 1 here. KvCache<hadamard_rotated<B>>
+// (B one of the three; head_dim and head_dim_v powers of two) turns each K row (after
+// rotary) and V row by the normalised Walsh-Hadamard transform before quantizing it, and its
+// k_pages / v_pages are views of hadamard_rotated<B>, from which forward_paged knows to
+// rotate Q and O: the rotation is in the type, so the cache and the forward cannot disagree.
 //
 // Rotary embedding. write and append take RotaryOptions (core/params.hpp: FlashAttention's
 // rotary_cos / rotary_sin tables and layout) and then write each K row rotated at its
@@ -125,22 +129,18 @@ struct KvCacheConfig {
   /// cache's v_scales() are its k_scales()); write_latent and append_latent write the rows,
   /// write and append throw. fp8: k_scale only.
   bool latent = false;
-  /// 4-bit caches: write and append turn K (after rotary) and V by the normalised
-  /// Walsh-Hadamard transform before quantizing (ops/hadamard.hpp: outlier channels spread
-  /// over the row); forward_paged then needs options.hadamard. head_dim and head_dim_v must
-  /// be powers of two.
-  bool hadamard = false;
 };
 
 using SequenceId = std::int64_t;
 
 template <class T>
 class KvCache {
-  static_assert(kv_storage_type<T> || block_quantized_type<T>,
+  static_assert(kv_storage_type<T> || block_pool_type<T>,
                 "tileattn: KvCache holds float, tileattn::bf16, tileattn::fp16, tileattn::fp8_e4m3, "
-                "tileattn::fp8_e5m2, std::int8_t, tileattn::q4_0_block, mxfp4_block or nvfp4_block");
+                "tileattn::fp8_e5m2, std::int8_t, tileattn::q4_0_block, mxfp4_block or nvfp4_block, "
+                "or one of the three Hadamard-rotated (tileattn::hadamard_rotated<q4_0_block>, ...)");
   static constexpr bool quantized = quantized_type<T>;      // 8 bits, scales beside the pools
-  static constexpr bool blocks = block_quantized_type<T>;   // 4 bits, scales inside the blocks
+  static constexpr bool blocks = block_pool_type<T>;        // 4 bits, scales inside the blocks
   static constexpr bool converts = quantized || blocks;     // rows arrive in float, bf16 or fp16
   static constexpr index_t values_per_row_element = values_per_element<T>;
 
@@ -355,7 +355,7 @@ class KvCache {
     std::vector<std::int64_t> positions(rotary.enabled() ? static_cast<std::size_t>(n) : 0);
     for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = position0 + static_cast<index_t>(i);
     if constexpr (blocks) {
-      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, rotary, positions, config_.hadamard);
+      write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, rotary, positions);
     } else if constexpr (quantized) {
       write_kv_slots(k_new, v_new, k_pages(layer), v_pages(layer), slots, scales_view(k_scales_, layer),
                      scales_view(v_scales_, layer), rotary, positions);
@@ -619,11 +619,11 @@ class KvCache {
       TILEATTN_REQUIRE(value % values_per_row_element == 0, name,
                        std::string("must be a multiple of ") + kv_type_name<T>() + "'s block of " +
                            std::to_string(values_per_row_element) + " values, got " + std::to_string(value));
-    TILEATTN_REQUIRE(!c.hadamard || blocks, "hadamard",
-                     std::string("is for 4-bit caches (q4_0, mxfp4, nvfp4); this one holds ") + kv_type_name<T>());
-    for (const auto& [value, name] : {std::pair{c.head_dim, "head_dim"}, std::pair{c.head_dim_v, "head_dim_v"}})
-      TILEATTN_REQUIRE(!c.hadamard || ops::hadamard_length(value), "hadamard",
-                       std::string("needs a power-of-two ") + name + ", got " + std::to_string(value));
+    if constexpr (is_hadamard_rotated<T>)
+      for (const auto& [value, name] : {std::pair{c.head_dim, "head_dim"}, std::pair{c.head_dim_v, "head_dim_v"}})
+        TILEATTN_REQUIRE(ops::hadamard_length(value), name,
+                         std::string("must be a power of two for a ") + kv_type_name<T>() + " cache, got " +
+                             std::to_string(value));
     c.layout = resolved_layout<T>(c.layout);
     if (c.latent) {
       TILEATTN_REQUIRE(!blocks, "latent",

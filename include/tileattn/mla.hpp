@@ -45,8 +45,8 @@ namespace detail {
 /// yet. Returns whether they are.
 template <class Q, class L, class O>
 constexpr bool check_mla_element_types() {
-  if constexpr (block_quantized_type<std::remove_const_t<L>>) {
-    static_assert(!block_quantized_type<std::remove_const_t<L>>,
+  if constexpr (block_pool_type<std::remove_const_t<L>>) {
+    static_assert(!block_pool_type<std::remove_const_t<L>>,
                   "tileattn: forward_paged_mla takes float, bf16, fp16 or 8-bit latent caches; 4-bit ones (q4_0_block, mxfp4_block, nvfp4_block) are not supported yet");
     return false;
   } else {

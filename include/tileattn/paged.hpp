@@ -42,6 +42,7 @@
 #include "tileattn/kernels/merge.hpp"
 #include "tileattn/kernels/shared_prefix.hpp"
 #include "tileattn/merge_states.hpp"
+#include "tileattn/ops/hadamard.hpp"
 #include "tileattn/kernels/work_list.hpp"
 
 namespace tileattn {
@@ -135,12 +136,13 @@ class PagedPlan {
 
 namespace detail {
 
-/// forward_paged's element types: check_element_types', or K and V in a 4-bit block type
-/// (core/block_quantized_types.hpp), which only the paged kernels read. Returns whether they are.
+/// forward_paged's element types: check_element_types', or K and V in a 4-bit block type,
+/// plain or hadamard_rotated (core/block_quantized_types.hpp), which only the paged kernels
+/// read. Returns whether they are.
 template <class Q, class K, class V, class O>
 constexpr bool check_paged_element_types() {
   using KV = std::remove_const_t<K>;
-  if constexpr (block_quantized_type<KV>) {
+  if constexpr (block_pool_type<KV>) {
     using T = std::remove_const_t<Q>;
     static_assert(storage_type<T>, "tileattn: Q and O must hold float, tileattn::bf16 or tileattn::fp16");
     static_assert(std::is_same_v<T, O>, "tileattn: O must have Q's element type (and must not be const)");
@@ -338,6 +340,32 @@ PagedCall<T, KV> paged_call(TensorView<const T> q, std::span<const std::int32_t>
   return call;
 }
 
+/// The element type the kernels read from pools of K: hadamard_rotated<B>'s B, else K's own.
+template <class K>
+using kernel_kv_t = stored_block_t<std::remove_const_t<K>>;
+
+/// A pool as the kernels read it: pools of hadamard_rotated<B> as the B they store.
+template <class K>
+TensorView<const kernel_kv_t<K>> kernel_pool(const TensorView<K>& pool) {
+  return reinterpret_view<kernel_kv_t<K>>(TensorView<const K>(pool));
+}
+
+/// A call over pools of K, checked (paged_call, or `varlen_call` for packed queries): over
+/// pools of hadamard_rotated<B> the pools' head dims must be powers of two, and the kernels
+/// rotate Q as it loads and O as it stores (p.hadamard). The rotation comes from the pools'
+/// type alone: no option can contradict it.
+template <class K, class T>
+PagedCall<T, kernel_kv_t<K>> pool_typed_call(PagedCall<T, kernel_kv_t<K>> call) {
+  if constexpr (is_hadamard_rotated<std::remove_const_t<K>>) {
+    for (const auto& [d, name] : {std::pair{call.params.head_dim(), "k_cache"}, std::pair{call.params.head_dim_v(), "v_cache"}})
+      TILEATTN_REQUIRE(ops::hadamard_length(d), name,
+                       std::string("holds ") + kv_type_name<std::remove_const_t<K>>() +
+                           " blocks, whose rows need a power-of-two head dim, got " + std::to_string(d));
+    call.params.hadamard = true;
+  }
+  return call;
+}
+
 }  // namespace detail
 
 /// The plan forward_paged(q, k_cache, v_cache, block_table, cache_seqlens, ...) makes for
@@ -347,8 +375,9 @@ PagedPlan plan_forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cach
                              BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                              const TensorView<O>& o, LseView lse, const PagedOptions& options = {}) {
   detail::check_paged_element_types<Q, K, V, O>();
-  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
-                                                                  o, lse, options);
+  const auto call = detail::pool_typed_call<K>(detail::paged_call<O, detail::kernel_kv_t<K>>(
+        q, {}, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table, cache_seqlens,
+        o, lse, options));
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
@@ -362,8 +391,9 @@ void forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const T
                    BlockTableView block_table, std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o,
                    LseView lse, const PagedOptions& options = {}) {
   if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
-    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
-                                                                    o, lse, options);
+    const auto call = detail::pool_typed_call<K>(detail::paged_call<O, detail::kernel_kv_t<K>>(
+        q, {}, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table, cache_seqlens,
+        o, lse, options));
     const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
     detail::run_paged(call.params, plan, options);
   }
@@ -376,8 +406,9 @@ void forward_paged(const PagedPlan& plan, const TensorView<Q>& q, const TensorVi
                    std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o, LseView lse,
                    const PagedOptions& options = {}) {
   if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
-    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
-                                                                    o, lse, options);
+    const auto call = detail::pool_typed_call<K>(detail::paged_call<O, detail::kernel_kv_t<K>>(
+        q, {}, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table, cache_seqlens,
+        o, lse, options));
     detail::run_paged(call.params, plan, options);
   }
 }
@@ -416,8 +447,9 @@ void forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, 
                           const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
                           const PagedOptions& options = {}) {
   if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
-    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
-                                                                           cache_seqlens, o, lse, options);
+    const auto call = detail::pool_typed_call<K>(detail::paged_varlen_call<O, detail::kernel_kv_t<K>>(
+        q, cu_seqlens_q, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table,
+        cache_seqlens, o, lse, options));
     const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
     detail::run_paged(call.params, plan, options);
   }
@@ -430,8 +462,9 @@ PagedPlan plan_forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>&
                                     const PackedView<O>& o, PackedLseView lse,
                                     std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
   detail::check_paged_element_types<Q, K, V, O>();
-  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
-                                                                         cache_seqlens, o, lse, options);
+  const auto call = detail::pool_typed_call<K>(detail::paged_varlen_call<O, detail::kernel_kv_t<K>>(
+        q, cu_seqlens_q, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table,
+        cache_seqlens, o, lse, options));
   return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
@@ -442,8 +475,9 @@ void forward_paged_varlen(const PagedPlan& plan, const PackedView<Q>& q, const T
                           std::span<const std::int32_t> cache_seqlens, const PackedView<O>& o, PackedLseView lse,
                           std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
   if constexpr (detail::check_paged_element_types<Q, K, V, O>()) {
-    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache, block_table,
-                                                                           cache_seqlens, o, lse, options);
+    const auto call = detail::pool_typed_call<K>(detail::paged_varlen_call<O, detail::kernel_kv_t<K>>(
+        q, cu_seqlens_q, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table,
+        cache_seqlens, o, lse, options));
     detail::run_paged(call.params, plan, options);
   }
 }

@@ -63,8 +63,8 @@ namespace detail {
 /// yet. Returns whether they are.
 template <class Q, class K, class V, class O>
 constexpr bool check_topk_element_types() {
-  if constexpr (block_quantized_type<std::remove_const_t<K>>) {
-    static_assert(!block_quantized_type<std::remove_const_t<K>>,
+  if constexpr (block_pool_type<std::remove_const_t<K>>) {
+    static_assert(!block_pool_type<std::remove_const_t<K>>,
                   "tileattn: forward_paged_topk takes float, bf16, fp16 or 8-bit K/V pools; 4-bit ones (q4_0_block, mxfp4_block, nvfp4_block) are not supported yet");
     return false;
   } else {

@@ -598,29 +598,28 @@ OutlierInputs outlier_inputs(index_t keys, index_t heads_kv, index_t head_dim, f
   return in;
 }
 
-/// The max and mean |O - O_ref| of attention over K/V stored as `format` (Q and O through H
-/// when `rotate`), against the double reference over the unquantized K/V, with the quantized
-/// side computed by the kernel (forward_paged over a KvCache) for 4-bit formats.
+/// The max and mean |O - O_ref| of attention over K/V stored as `format` (P: a block type, or
+/// hadamard_rotated<B>, whose pools turn Q and O through H), against the double reference
+/// over the unquantized K/V, with the quantized side computed by the kernel (forward_paged
+/// over a KvCache) for 4-bit formats.
 struct StudyError {
   double max = 0, mean = 0;
 };
 
-template <class B>
+template <class P>
 StudyError kernel_error(const OutlierInputs& in, const std::vector<float>& q, index_t heads_q, index_t q_len,
-                        bool rotate, const reference::AttentionResult& ref) {
+                        const reference::AttentionResult& ref) {
   const index_t d = in.head_dim, row = in.heads_kv * d;
-  KvCache<B> cache({.num_layers = 1, .num_pages = in.keys / 16 + 2, .page_size = 16, .heads_kv = in.heads_kv,
-                    .head_dim = d, .hadamard = rotate});
+  KvCache<P> cache({.num_layers = 1, .num_pages = in.keys / 16 + 2, .page_size = 16, .heads_kv = in.heads_kv,
+                    .head_dim = d});
   const SequenceId id = cache.create();
   const std::array<index_t, 4> shape{1, in.keys, in.heads_kv, d}, stride{in.keys * row, row, d, 1};
   cache.append(id, TensorView<const float>{in.k.data(), shape, stride}, TensorView<const float>{in.v.data(), shape, stride});
   const auto tables = cache.batch(std::vector{id});
   std::vector<float> o(q.size(), sentinel);
   const std::array<index_t, 4> qshape{1, q_len, heads_q, d}, qstride{q_len * heads_q * d, heads_q * d, d, 1};
-  PagedOptions options;
-  options.hadamard = rotate;
   forward_paged(TensorView<const float>{q.data(), qshape, qstride}, cache.k_pages(0), cache.v_pages(0),
-                tables.block_table_view(), tables.seqlens(), TensorView<float>{o.data(), qshape, qstride}, options);
+                tables.block_table_view(), tables.seqlens(), TensorView<float>{o.data(), qshape, qstride});
   StudyError e;
   for (std::size_t i = 0; i < o.size(); ++i) {
     const double diff = std::abs(o[i] - ref.o[i]);
@@ -699,8 +698,8 @@ TEST(ErrorStudy, HadamardCutsFourBitErrorOnOutlierChannels) {
     print("int8", reference_error_8bit<std::int8_t>(in, q, heads_q, q_len, ref));
     print("fp8_e4m3", reference_error_8bit<fp8_e4m3>(in, q, heads_q, q_len, ref));
     const auto both = [&]<class B>(std::type_identity<B>, bool rotation_helps) {
-      const StudyError plain = kernel_error<B>(in, q, heads_q, q_len, false, ref);
-      const StudyError rotated = kernel_error<B>(in, q, heads_q, q_len, true, ref);
+      const StudyError plain = kernel_error<B>(in, q, heads_q, q_len, ref);
+      const StudyError rotated = kernel_error<hadamard_rotated<B>>(in, q, heads_q, q_len, ref);
       print(kv_type_name<B>(), plain);
       print((std::string(kv_type_name<B>()) + "+H").c_str(), rotated);
       if (rotation_helps && outlier == 20.0f) {  // (braces: EXPECT_LT is an if/else)
@@ -723,8 +722,8 @@ TEST(ErrorStudy, RotatedKernelMatchesReferenceOverDequantizedRotatedKv) {
   const index_t heads_q = 4, heads_kv = 2, d = 64, keys = 200, q_len = 3;
   std::mt19937 rng(23);
   const Shape4 s{heads_q, heads_kv, d, 16, q_len, {keys}};
-  KvCache<B> cache({.num_layers = 1, .num_pages = 20, .page_size = 16, .heads_kv = heads_kv, .head_dim = d,
-                    .hadamard = true});
+  KvCache<hadamard_rotated<B>> cache({.num_layers = 1, .num_pages = 20, .page_size = 16, .heads_kv = heads_kv,
+                                      .head_dim = d});
   const OutlierInputs in = outlier_inputs(keys, heads_kv, d, 20.0f, rng);
   const SequenceId id = cache.create();
   const std::array<index_t, 4> shape{1, keys, heads_kv, d}, stride{keys * heads_kv * d, heads_kv * d, d, 1};
@@ -733,7 +732,6 @@ TEST(ErrorStudy, RotatedKernelMatchesReferenceOverDequantizedRotatedKv) {
   const auto tables = cache.batch(std::vector{id});
   const std::array<index_t, 4> qshape{1, q_len, heads_q, d}, qstride{q_len * heads_q * d, heads_q * d, d, 1};
   PagedOptions options;
-  options.hadamard = true;
   options.num_splits = 2;  // the merge turns O back too
   forward_paged(TensorView<const float>{q.data(), qshape, qstride}, cache.k_pages(0), cache.v_pages(0),
                 tables.block_table_view(), tables.seqlens(), TensorView<float>{o.data(), qshape, qstride}, options);
@@ -745,8 +743,8 @@ TEST(ErrorStudy, RotatedKernelMatchesReferenceOverDequantizedRotatedKv) {
     for (index_t h = 0; h < heads_kv; ++h)
       for (index_t c = 0; c < d / B::values; ++c) {
         const auto at = static_cast<std::size_t>((t * heads_kv + h) * d + c * B::values);
-        dequantize_block(pool_k(pages[static_cast<std::size_t>(t / 16)], t % 16, h, c), &k[at]);
-        dequantize_block(pool_v(pages[static_cast<std::size_t>(t / 16)], t % 16, h, c), &v[at]);
+        dequantize_block(pool_k(pages[static_cast<std::size_t>(t / 16)], t % 16, h, c).block, &k[at]);
+        dequantize_block(pool_v(pages[static_cast<std::size_t>(t / 16)], t % 16, h, c).block, &v[at]);
       }
   for (index_t r = 0; r < q_len * heads_q; ++r) ops::hadamard_row(&hq[static_cast<std::size_t>(r * d)], d);
   const auto ref = reference::attention(TensorView<const float>{hq.data(), qshape, qstride},
@@ -780,8 +778,8 @@ TEST(ErrorStudy, RotaryThenHadamardMatchesReference) {
   RotaryOptions rotary;
   rotary.cos = {cos_t.data(), {table_rows, half}, {half, 1}};
   rotary.sin = {sin_t.data(), {table_rows, half}, {half, 1}};
-  KvCache<B> cache({.num_layers = 1, .num_pages = 10, .page_size = 16, .heads_kv = heads_kv, .head_dim = d,
-                    .hadamard = true});
+  KvCache<hadamard_rotated<B>> cache({.num_layers = 1, .num_pages = 10, .page_size = 16, .heads_kv = heads_kv,
+                                      .head_dim = d});
   const std::vector<float> k = random_block(static_cast<int>(keys * d), rng, 1.0f), v = random_block(static_cast<int>(keys * d), rng, 1.0f);
   const SequenceId id = cache.create();
   cache.append(id, TensorView<const float>{k.data(), {1, keys, heads_kv, d}, {keys * d, d, d, 1}},
@@ -789,7 +787,6 @@ TEST(ErrorStudy, RotaryThenHadamardMatchesReference) {
   std::vector<float> q = random_block(static_cast<int>(q_len * heads_q * d), rng, 1.0f), o(q.size(), sentinel);
   const auto tables = cache.batch(std::vector{id});
   PagedOptions options;
-  options.hadamard = true;
   options.rotary = rotary;
   options.causal = true;
   const std::array<index_t, 4> qshape{1, q_len, heads_q, d}, qstride{q_len * heads_q * d, heads_q * d, d, 1};
@@ -800,8 +797,8 @@ TEST(ErrorStudy, RotaryThenHadamardMatchesReference) {
   for (index_t t = 0; t < keys; ++t)
     for (index_t c = 0; c < d / B::values; ++c) {
       const auto at = static_cast<std::size_t>(t * d + c * B::values);
-      dequantize_block(cache.k_pages(0)(pages[static_cast<std::size_t>(t / 16)], t % 16, 0, c), &kd[at]);
-      dequantize_block(cache.v_pages(0)(pages[static_cast<std::size_t>(t / 16)], t % 16, 0, c), &vd[at]);
+      dequantize_block(cache.k_pages(0)(pages[static_cast<std::size_t>(t / 16)], t % 16, 0, c).block, &kd[at]);
+      dequantize_block(cache.v_pages(0)(pages[static_cast<std::size_t>(t / 16)], t % 16, 0, c).block, &vd[at]);
     }
   for (index_t i = 0; i < q_len; ++i)
     for (index_t h = 0; h < heads_q; ++h) {
@@ -825,24 +822,84 @@ TEST(ErrorStudy, RotaryThenHadamardMatchesReference) {
     }
 }
 
+// The rotation is the pools' element type (hadamard_rotated<B>), not a flag beside them, so
+// a rotated pool and an unrotated forward (or the reverse) cannot be written: a cache, a
+// write and a forward all take it from the type (compile_fail/ has the flags that no longer
+// compile). What remains to check at run time is H's length: power-of-two head dims.
+static_assert(std::is_same_v<decltype(std::declval<KvCache<hadamard_rotated<q4_0_block>>&>().k_pages(0)),
+                             PagePoolView<hadamard_rotated<q4_0_block>>>);
+static_assert(std::is_same_v<decltype(std::declval<const KvCache<hadamard_rotated<nvfp4_block>>&>().v_pages(0)),
+                             PagePoolView<const hadamard_rotated<nvfp4_block>>>);
+static_assert(!std::is_convertible_v<PagePoolView<const hadamard_rotated<q4_0_block>>, PagePoolView<const q4_0_block>>);
+static_assert(!std::is_convertible_v<PagePoolView<const q4_0_block>, PagePoolView<const hadamard_rotated<q4_0_block>>>);
+
 TEST(ErrorStudy, HadamardValidation) {
-  EXPECT_THROW_NAMING((KvCache<q4_0_block>{{.num_pages = 2, .heads_kv = 1, .head_dim = 96, .hadamard = true}}),
-                      "hadamard");
-  EXPECT_THROW_NAMING((KvCache<std::int8_t>{{.num_pages = 2, .heads_kv = 1, .head_dim = 64, .hadamard = true}}),
-                      "hadamard");
-  KvCache<float> cache({.num_layers = 1, .num_pages = 2, .page_size = 4, .heads_kv = 1, .head_dim = 64});
-  const SequenceId id = cache.create();
-  std::vector<float> rows(64, 1.0f), o(64, sentinel);
-  cache.append(id, TensorView<const float>{rows.data(), {1, 1, 1, 64}, {64, 64, 64, 1}},
-               TensorView<const float>{rows.data(), {1, 1, 1, 64}, {64, 64, 64, 1}});
-  const auto tables = cache.batch(std::vector{id});
-  PagedOptions options;
-  options.hadamard = true;
-  EXPECT_THROW_NAMING(forward_paged(TensorView<const float>{rows.data(), {1, 1, 1, 64}, {64, 64, 64, 1}},
-                                    cache.k_pages(0), cache.v_pages(0), tables.block_table_view(), tables.seqlens(),
-                                    TensorView<float>{o.data(), {1, 1, 1, 64}, {64, 64, 64, 1}}, options),
-                      "hadamard");
+  using R = hadamard_rotated<q4_0_block>;
+  EXPECT_THROW_NAMING((KvCache<R>{{.num_pages = 2, .heads_kv = 1, .head_dim = 96}}), "head_dim");
+  EXPECT_THROW_NAMING((KvCache<R>{{.num_pages = 2, .heads_kv = 1, .head_dim = 64, .head_dim_v = 96}}), "head_dim_v");
+  EXPECT_THROW_NAMING((KvCache<hadamard_rotated<nvfp4_block>>{{.num_pages = 2, .heads_kv = 1, .head_dim = 48}}),
+                      "head_dim");
+
+  // Pools of rotated blocks the caller made, with a head_dim H has no length for (96): the
+  // write and the forward reject them, writing nothing.
+  const index_t d = 96, blocks = d / R::values;
+  std::vector<R> k_pool(static_cast<std::size_t>(2 * 4 * blocks)), v_pool(k_pool.size());
+  const std::vector<R> before = k_pool;
+  const auto k_view = make_page_pool(k_pool.data(), 2, 4, 1, blocks), v_view = make_page_pool(v_pool.data(), 2, 4, 1, blocks);
+  std::vector<float> rows(static_cast<std::size_t>(d), 1.0f), o(rows.size(), sentinel);
+  const std::vector<std::int64_t> slots{0};
+  EXPECT_THROW_NAMING(write_kv_slots(StridedView<const float, 3>{rows.data(), {1, 1, d}, {d, d, 1}},
+                                     StridedView<const float, 3>{rows.data(), {1, 1, d}, {d, d, 1}}, k_view, v_view,
+                                     slots),
+                      "k_new.shape[2] (head_dim)");
+  EXPECT_EQ(std::memcmp(k_pool.data(), before.data(), k_pool.size() * sizeof(R)), 0);
+  const std::int32_t table[] = {0}, seqlens[] = {1};
+  EXPECT_THROW_NAMING(forward_paged(TensorView<const float>{rows.data(), {1, 1, 1, d}, {d, d, d, 1}}, k_view, v_view,
+                                    make_block_table(table, 1, 1), seqlens,
+                                    TensorView<float>{o.data(), {1, 1, 1, d}, {d, d, d, 1}}),
+                      "k_cache");
   EXPECT_EQ(o[0], sentinel);
+}
+
+// The same bytes read as plain blocks and as rotated ones give different attention, and the
+// rotated read is the one that matches the values written: the type is what decides.
+TEST(ErrorStudy, RotatedPoolTypeDecidesTheRotation) {
+  using B = q4_0_block;
+  const index_t d = 64, keys = 40, heads = 1;
+  std::mt19937 rng(5);
+  const std::vector<float> k = random_block(static_cast<int>(keys * d), rng, 1.0f),
+                           v = random_block(static_cast<int>(keys * d), rng, 1.0f),
+                           q = random_block(static_cast<int>(d), rng, 1.0f);
+  const auto attend = [&]<class P>(std::type_identity<P>) {
+    KvCache<P> cache({.num_layers = 1, .num_pages = 4, .page_size = 16, .heads_kv = heads, .head_dim = d});
+    const SequenceId id = cache.create();
+    cache.append(id, TensorView<const float>{k.data(), {1, keys, heads, d}, {keys * d, d, d, 1}},
+                 TensorView<const float>{v.data(), {1, keys, heads, d}, {keys * d, d, d, 1}});
+    const auto tables = cache.batch(std::vector{id});
+    std::vector<float> o(static_cast<std::size_t>(d), sentinel), o_misread(o.size(), sentinel);
+    forward_paged(TensorView<const float>{q.data(), {1, 1, 1, d}, {d, d, d, 1}}, cache.k_pages(0), cache.v_pages(0),
+                  tables.block_table_view(), tables.seqlens(), TensorView<float>{o.data(), {1, 1, 1, d}, {d, d, d, 1}});
+    // The pools deliberately read as the other type (reinterpret_view: the one way to do so).
+    using Other = std::conditional_t<is_hadamard_rotated<P>, B, hadamard_rotated<B>>;
+    forward_paged(TensorView<const float>{q.data(), {1, 1, 1, d}, {d, d, d, 1}},
+                  reinterpret_view<Other>(cache.k_pages(0)), reinterpret_view<Other>(cache.v_pages(0)),
+                  tables.block_table_view(), tables.seqlens(),
+                  TensorView<float>{o_misread.data(), {1, 1, 1, d}, {d, d, d, 1}});
+    return std::pair{o, o_misread};
+  };
+  const auto ref = reference::attention(TensorView<const float>{q.data(), {1, 1, 1, d}, {d, d, d, 1}},
+                                        TensorView<const float>{k.data(), {1, keys, heads, d}, {keys * d, d, d, 1}},
+                                        TensorView<const float>{v.data(), {1, keys, heads, d}, {keys * d, d, d, 1}},
+                                        reference::Options{});
+  const auto error = [&](const std::vector<float>& o) {
+    double e = 0;
+    for (std::size_t i = 0; i < o.size(); ++i) e = std::max(e, std::abs(o[i] - ref.o[i]));
+    return e;
+  };
+  for (const auto& [o, misread] : {attend(std::type_identity<B>{}), attend(std::type_identity<hadamard_rotated<B>>{})}) {
+    std::printf("error %.4f, read as the other type %.4f\n", error(o), error(misread));
+    EXPECT_GT(error(misread), 4 * error(o));
+  }
 }
 
 }  // namespace

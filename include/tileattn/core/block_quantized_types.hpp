@@ -1,7 +1,7 @@
 // tileattn/core/block_quantized_types.hpp: the 4-bit K/V storage types: blocks of 4-bit
 // values sharing one scale stored inside the block (int4 q4_0, FP4 e2m1 MXFP4 and NVFP4),
-// their codecs (quantize a block of floats, dequantize it exactly), and the concept
-// block_quantized_type.
+// their codecs (quantize a block of floats, dequantize it exactly), the concept
+// block_quantized_type, and hadamard_rotated<B>: a block stored Hadamard-rotated.
 //
 // Why blocks, not elements with scales beside them (as the 8-bit caches keep them, per page):
 // a 4-bit value is half a byte, so "one element per view index" cannot hold; and its scale
@@ -79,10 +79,58 @@ template <class T>
 concept block_quantized_type =
     std::is_same_v<T, q4_0_block> || std::is_same_v<T, mxfp4_block> || std::is_same_v<T, nvfp4_block>;
 
-/// Values one element of T holds: a block's count, 1 for the element types.
+/// A 4-bit block whose values were turned by the normalised Walsh-Hadamard transform before
+/// they were quantized (ops/hadamard.hpp: each K row after rotary, each V row, head_dim a
+/// power of two): the element type of a pool written that way. Byte for byte a B, but a
+/// distinct type, so that whether a pool is rotated is known from its view's type: a
+/// KvCache<hadamard_rotated<B>> and write_kv_slots into its pools rotate, and forward_paged
+/// over them rotates Q as it loads and O back as it stores. A pool of plain B is never
+/// rotated, so the two cannot be mixed up (the flag they replace could be set on one side
+/// and not the other, issue #42). No conversion to or from B: reinterpret_view only.
+template <class B>
+struct hadamard_rotated {
+  static_assert(block_quantized_type<B>,
+                "tileattn: hadamard_rotated<B> takes a 4-bit block type: q4_0_block, mxfp4_block or nvfp4_block");
+  using block_type = B;
+  static constexpr int values = B::values;
+  B block;
+};
+
+/// Whether T is hadamard_rotated<B> for some block type B.
+template <class T>
+inline constexpr bool is_hadamard_rotated = false;
+template <class B>
+inline constexpr bool is_hadamard_rotated<hadamard_rotated<B>> = true;
+
+/// What a 4-bit pool may hold: a block type, plain or hadamard_rotated.
+template <class T>
+concept block_pool_type = block_quantized_type<T> || is_hadamard_rotated<T>;
+
+/// The block type a pool of T stores (hadamard_rotated<B>: B; any other T: T), which the
+/// kernels and codecs read.
+template <class T>
+struct stored_block {
+  using type = T;
+};
+template <class B>
+struct stored_block<hadamard_rotated<B>> {
+  using type = B;
+};
+template <class T>
+using stored_block_t = typename stored_block<T>::type;
+
+#define TILEATTN_SAME_BYTES_AS_BLOCK(B)                                                                   \
+  static_assert(sizeof(hadamard_rotated<B>) == sizeof(B) && alignof(hadamard_rotated<B>) == alignof(B) && \
+                std::is_standard_layout_v<hadamard_rotated<B>> && std::is_trivially_copyable_v<hadamard_rotated<B>>);
+TILEATTN_SAME_BYTES_AS_BLOCK(q4_0_block)
+TILEATTN_SAME_BYTES_AS_BLOCK(mxfp4_block)
+TILEATTN_SAME_BYTES_AS_BLOCK(nvfp4_block)
+#undef TILEATTN_SAME_BYTES_AS_BLOCK
+
+/// Values one element of T holds: a block's count (rotated or not), 1 for the element types.
 template <class T>
 inline constexpr int values_per_element = 1;
-template <block_quantized_type T>
+template <block_pool_type T>
 inline constexpr int values_per_element<T> = T::values;
 
 /// e2m1 code (sign in bit 3) -> its value.
@@ -235,11 +283,14 @@ B quantize_block(const float* x, float tensor_scale = 1.0f) {
 }
 
 /// The block type's name (kv_type_name of core/quantized_types.hpp, for 4-bit blocks).
-template <block_quantized_type B>
+template <block_pool_type B>
 constexpr const char* kv_type_name() {
   if constexpr (std::is_same_v<B, q4_0_block>) return "q4_0";
   else if constexpr (std::is_same_v<B, mxfp4_block>) return "mxfp4";
-  else return "nvfp4";
+  else if constexpr (std::is_same_v<B, nvfp4_block>) return "nvfp4";
+  else if constexpr (std::is_same_v<B, hadamard_rotated<q4_0_block>>) return "hadamard_rotated<q4_0>";
+  else if constexpr (std::is_same_v<B, hadamard_rotated<mxfp4_block>>) return "hadamard_rotated<mxfp4>";
+  else return "hadamard_rotated<nvfp4>";
 }
 
 }  // namespace tileattn

@@ -121,11 +121,6 @@ struct ForwardOptions : ScoreOptions {
   /// Scales of K and V stored in 8 bits (fp8_e4m3, fp8_e5m2, int8); only those take them.
   KvScaleView k_scale{};
   KvScaleView v_scale{};
-  /// 4-bit K/V stored rotated by the normalised Walsh-Hadamard transform (KvCacheConfig::
-  /// hadamard, ops/hadamard.hpp): Q is rotated as it loads and O rotated back as it stores,
-  /// so the result is attention over the unrotated values. Only forward_paged over 4-bit
-  /// block pools takes it; head_dim and head_dim_v must be powers of two.
-  bool hadamard = false;
   /// Batch-invariant mode: every sequence's output bits (and, in the backward, its
   /// gradients' bits) are the same whatever else is in the batch, for reproducible rollouts
   /// and evaluations. The tiles are planned from the head dims, GQA group, element type and
@@ -216,7 +211,8 @@ struct ForwardParams : ScoreOptions {
   // MLA's latent (forward_paged_mla, mla.hpp): v is k's first head_dim_v columns, and each
   // key tile's V is made from its K tile in SRAM instead of read a second time.
   bool v_in_k = false;
-  // Q rotated by H as it is loaded (after rotary), O by H as it is stored (ForwardOptions::hadamard).
+  // Q rotated by H as it is loaded (after rotary), O by H as it is stored: set by forward_paged
+  // over pools of hadamard_rotated<B> (whose blocks KV then is), never from an option.
   bool hadamard = false;
 
   bool varlen() const { return cu_seqlens_q != nullptr; }

@@ -1,6 +1,7 @@
 // tileattn/ops/hadamard.hpp: the normalised fast Walsh-Hadamard transform of a row, the
-// rotation a 4-bit cache may apply to K and V before quantizing them (KvCacheConfig::hadamard)
-// and the forward to Q as it loads and to O as it stores (ForwardOptions::hadamard).
+// rotation a 4-bit cache of hadamard_rotated<B> blocks (core/block_quantized_types.hpp)
+// applies to K and V before quantizing them, and forward_paged over such pools to Q as it
+// loads and to O as it stores.
 //
 // H_n (n a power of two) is the Sylvester Hadamard matrix scaled by 1 / sqrt(n): orthogonal
 // and symmetric, so H H = I and q . k = (H q) . (H k): scores over rotated Q and K are the
