@@ -180,6 +180,7 @@ void forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, co
     const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table,
                                                                     cache_seqlens, o, lse, options);
     detail::check_topk_shape(topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
+    detail::check_topk_apart(call.params, topk_indices);
     const detail::TopkRows rows = detail::topk_rows(call.params, topk_indices);
     detail::run_topk_rows(call.params, rows, options);
   }
@@ -207,6 +208,7 @@ void forward_paged_topk_varlen(const PackedView<Q>& q, const TensorView<K>& k_ca
                                                                            block_table, cache_seqlens, o, lse, options);
     const TopkIndicesView idx = topk_indices.with_leading();
     detail::check_topk_shape(idx, 1, q.shape[0]);
+    detail::check_topk_apart(call.params, idx);
     detail::run_topk(call.params, detail::topk_rows(call.params, idx), options);
   }
 }

@@ -222,6 +222,14 @@ TEST(DraftTree, BadArgumentsNameTheirParameter) {
   const auto mask = draft_tree_mask(ok, 3, std::vector<std::int32_t>{40, 50});
   rejects([&] { run_flex(batch, mask, {}); }, "block_mask");
   EXPECT_TRUE(all_equal(batch.lse, sentinel));
+  // The same longest sequence but another's length (issue #42 item 7): the block mask's
+  // extents fit, but its drafts would sit at positions 5..7 of sequence 1's 9 keys, not
+  // 6..8; silently wrong attention until the tree checked the call.
+  rejects([&] { run_flex(batch, draft_tree_mask(ok, 3, std::vector<std::int32_t>{40, 8}), {}); }, "block_mask");
+  // A tree of one sequence broadcast over two: read its prefixes past their end (ASan: a
+  // heap-buffer-overflow) until the tree checked the call's batch.
+  rejects([&] { run_flex(batch, draft_tree_mask(ok, 3, std::vector<std::int32_t>{40}), {}); }, "block_mask");
+  EXPECT_TRUE(all_equal(batch.lse, sentinel) && all_equal(batch.o, sentinel));
 }
 
 }  // namespace

@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 
+#include "support/expect_throw_naming.hpp"
 #include "support/naive_same_precision.hpp"
 #include "support/paged_support.hpp"
 #include "tileattn/topk.hpp"
@@ -389,6 +391,16 @@ TEST(PagedTopk, BadIndicesAndUnsupportedOptionsAreRejectedWithNothingWritten) {
                                   make_topk_indices(good.idx.data(), 2, 1, 16), batch.o_view(), batch.lse_view()),
                invalid_argument);
   EXPECT_TRUE(all_equal(batch.o, sentinel) && all_equal(batch.lse, sentinel));
+  // O over the indices it is computed from (valid ones, copied into O's buffer): an output
+  // overlapping an input, as forward_paged rejects O over its block table (issue #42 item 7).
+  ASSERT_GE(batch.o.size() * sizeof(float), good.idx.size() * sizeof(std::int32_t));
+  std::memcpy(batch.o.data(), good.idx.data(), good.idx.size() * sizeof(std::int32_t));
+  const std::vector<float> o_before = batch.o;
+  const auto in_o = make_topk_indices(reinterpret_cast<const std::int32_t*>(batch.o.data()), 2, s.q_len, 16);
+  EXPECT_THROW_NAMING(forward_paged_topk(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
+                                         batch.seqlens, in_o, batch.o_view(), batch.lse_view()),
+                      "o");
+  EXPECT_EQ(std::memcmp(batch.o.data(), o_before.data(), o_before.size() * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -25,6 +25,14 @@ inline void check_topk_shape(const StridedView<const std::int32_t, 3>& idx, inde
                    "must equal q's query rows, " + std::to_string(seqlen_q) + ", got " + std::to_string(idx.shape[1]));
 }
 
+/// O and the LSE (outputs) must not overlap topk_indices (an input), as forward_paged's
+/// outputs must not overlap its block table or cache_seqlens.
+template <class T, class KV>
+void check_topk_apart(const ForwardParams<T, KV>& p, const StridedView<const std::int32_t, 3>& idx) {
+  check_disjoint(p.o, "o", idx, "topk_indices");
+  if (p.lse.data) check_disjoint(p.lse, "lse", idx, "topk_indices");
+}
+
 /// The options whose scores depend on a key's place in a dense row, which a compact list of
 /// selected keys does not have: ALiBi, a bias or mask over [seqlen_q, seqlen_k], rotary
 /// embedding of Q at the row's position. Causal, the window and the attention chunk are

@@ -245,6 +245,8 @@ struct FlexScores {
     if constexpr (modifies_scores_v<ScoreMod> && requires { p.dbias; })
       TILEATTN_REQUIRE(!p.dbias.data, "dbias",
                        "is not computed with a score_mod (give the bias as a score_mod, or run without dbias)");
+    if constexpr (requires { mask_mod->check_call(p); })
+      mask_mod->check_call(p);  // a mask made for one call's sequences (flex::draft_tree)
     if (!blocks) return;
     const BlockKinds& k = *blocks;
     TILEATTN_REQUIRE(k.batch == 1 || k.batch == p.batch(), "block_mask",

@@ -70,6 +70,25 @@ class draft_tree {
   }
 
   index_t tokens() const { return tokens_; }
+
+  /// The call it masks must be the one it was made for (FlexScores::check runs this before
+  /// anything is written): one sequence per tree prefix, and sequence b's keys prefix(b) +
+  /// tokens, the cache_seqlens draft_tree_mask was given. A tree made for other cache_seqlens
+  /// would place the drafts at the wrong positions (wrong attention, silently), and a batch
+  /// of more sequences would read past its prefixes; both throw, naming block_mask.
+  template <class P>
+  void check_call(const P& p) const {
+    TILEATTN_REQUIRE(static_cast<index_t>(prefixes_.size()) == p.batch(), "block_mask",
+                     "is a draft tree made for " + std::to_string(prefixes_.size()) + " sequences, the call has " +
+                         std::to_string(p.batch()));
+    for (index_t b = 0; b < p.batch(); ++b) {
+      const index_t keys = p.sequence(b).k_len, want = prefix(b) + tokens_;
+      if (keys != want)  // the message is built only on failure
+        throw invalid_argument("block_mask", "is a draft tree made for cache_seqlens[" + std::to_string(b) +
+                                                 "] = " + std::to_string(want) + ", the call's sequence " +
+                                                 std::to_string(b) + " has " + std::to_string(keys) + " keys");
+    }
+  }
   /// Sequence b's positions before its draft tokens.
   index_t prefix(index_t b) const { return prefixes_[static_cast<std::size_t>(b)]; }
 
