@@ -22,7 +22,8 @@
 // page or per (page, head), padded or not, whose values may be negative, zero or NaN
 // (allowed: params.hpp says a non-finite scale makes the values it scales non-finite), and
 // 4-bit block pools (q4_0 and NVFP4, float Q; head_dim and head_dim_v rounded to whole
-// blocks; a NaN poisoned into a block makes the whole block NaN, as the codec says), and
+// blocks; a NaN poisoned into a block makes the whole block NaN, as the codec says; and,
+// only after the 4-bit tag below, MXFP4 and the Hadamard-rotated pools), and
 // rotary embedding of Q (a quarter of the inputs: tables of random sizes in either layout,
 // NeoX or interleaved pairs, now and then a NaN entry; the reference rotates Q first), and in
 // a quarter of the other calls with dv <= d and no rotary, MLA (tileattn/mla.hpp:
@@ -55,6 +56,17 @@
 // count, with the plan made separately where the first call made it inline or the reverse
 // (Execution promises bitwise-identical results).
 // Anything else aborts (a crash, a sanitizer report, another exception, a wrong result).
+//
+// The 4-bit tag (issue #42 item 7): an input whose first bytes are "tp4h" (libFuzzer finds
+// the constant through its comparison tracing) reads the byte after them as the 4-bit
+// variant of a 4-bit problem: a q4_0 one becomes q4_0, MXFP4 (the same 32-value blocks),
+// hadamard_rotated<q4_0> or hadamard_rotated<mxfp4>, an NVFP4 one NVFP4 or
+// hadamard_rotated<nvfp4> (0, 1, 2, 3 mod 4 / 0, 1 mod 2). Rotated pools hold each row turned
+// by H before it was quantized, and their reference K/V rows are the dequantized rows turned
+// back (H is its own inverse), so the kernel's rotation of Q and O is checked against plain
+// attention; head dims that are not powers of two (NVFP4's 48) stay unrotated. Those bytes
+// are read apart from the FuzzedDataProvider (which takes integers from the input's end), so
+// every input without the tag decodes as before, and none of the corpus starts with it.
 //
 // Bounds: values are N(0, 1) (8-bit: quantized at scales that keep them so), softmax scales
 // up to 1, d up to 72, as in forward_fuzz. Float Q: the forward's 1e-4 absolute on O and the
@@ -118,6 +130,10 @@ using fuzz::window_side;
 // ---- Storage types ----------------------------------------------------------------------
 
 enum class KvType { fp32, bf16, fp16, int8, e4m3, e5m2, q4_0, nvfp4 };
+/// A 4-bit problem's variant (the 4-bit tag, file comment): its block and whether rotated.
+enum class FourBit { as_drawn, mxfp4, rotated_q4_0, rotated_mxfp4, rotated_nvfp4 };
+constexpr const char* four_bit_names[] = {"", " as mxfp4", " as hadamard_rotated<q4_0>", " as hadamard_rotated<mxfp4>",
+                                          " as hadamard_rotated<nvfp4>"};
 enum class QType { fp32, bf16, fp16 };
 constexpr const char* kv_names[] = {"float", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "q4_0", "nvfp4"};
 /// The 8-bit types (scales beside the pools); q4_0 and nvfp4 are 4-bit blocks (scales inside).
@@ -205,6 +221,7 @@ struct Scales {
 
 struct Problem {
   KvType kv = KvType::fp32;
+  FourBit four_bit = FourBit::as_drawn;  // the 4-bit tag's variant (q4_0 and nvfp4 problems)
   QType qt = QType::fp32;
   bool varlen = false, lse_on = false, planned = false;
   index_t batch = 1, hq = 1, hkv = 1, d = 1, dv = 1, page = 1;
@@ -586,12 +603,20 @@ Call<T, KV> make_call(const Problem& p) {
   c.o = lay_out<T>({vb, p.nq, p.hq, p.dv}, p.layout[3], from_float<T>(sentinel),
                    [&](index_t, index_t, index_t, index_t) { return from_float<T>(sentinel); });
   const auto pool = [&](const std::vector<float>& f, const Scales& s, index_t dim, const Relayout& r) {
-    if constexpr (block_quantized_type<KV>) {  // blocks of the rows' values, quantized; gaps a NaN block
+    if constexpr (block_pool_type<KV>) {  // blocks of the rows' values (rotated: turned by H), quantized; gaps a NaN block
+      using B = stored_block_t<KV>;
       const std::vector<float> nans(KV::values, nan);
-      return lay_out<KV>({p.num_pages, p.page, p.hkv, dim / KV::values}, r, quantize_block<KV>(nans.data()),
+      std::vector<float> row_values(static_cast<std::size_t>(dim));
+      return lay_out<KV>({p.num_pages, p.page, p.hkv, dim / KV::values}, r, KV{quantize_block<B>(nans.data())},
                          [&](index_t page, index_t row, index_t h, index_t blk) {
-                           return quantize_block<KV>(
-                               &f[static_cast<std::size_t>(((page * p.page + row) * p.hkv + h) * dim + blk * KV::values)]);
+                           const float* x = &f[static_cast<std::size_t>(((page * p.page + row) * p.hkv + h) * dim)];
+                           if constexpr (is_hadamard_rotated<KV>) {
+                             std::copy_n(x, dim, row_values.begin());
+                             ops::hadamard_row(row_values.data(), dim);
+                             return KV{quantize_block<B>(&row_values[static_cast<std::size_t>(blk * KV::values)])};
+                           } else {
+                             return quantize_block<B>(x + blk * KV::values);
+                           }
                          });
     } else {
     return lay_out<KV>({p.num_pages, p.page, p.hkv, dim}, r, store_kv<KV>(nan, 1.0f),
@@ -661,7 +686,7 @@ void run_topk(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts) 
 
 template <class T, class KV>
 void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const PagedPlan* plan) {
-  if constexpr (!block_quantized_type<KV>) {  // (MLA and top-k take no 4-bit pools: never drawn)
+  if constexpr (!block_pool_type<KV>) {  // (MLA and top-k take no 4-bit pools: never drawn)
     if (p.mla) return run_mla(p, c, opts, plan);
     if (p.topk) return run_topk(p, c, opts);
   }
@@ -681,7 +706,7 @@ void run(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts, const
 
 template <class T, class KV>
 PagedPlan make_plan(const Problem& p, const Call<T, KV>& c, const PagedOptions& opts) {
-  if constexpr (!block_quantized_type<KV>) {
+  if constexpr (!block_pool_type<KV>) {
     if (p.mla && p.varlen)
       return plan_forward_paged_mla_varlen(pack(c.qv), c.kv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu, opts);
     if (p.mla) return plan_forward_paged_mla(c.qv, c.kv, c.table, c.seqlens, c.ov, c.lse3, opts);
@@ -973,10 +998,12 @@ std::vector<float> gather(const Problem& p, const TensorView<const KV>& pool, co
   for (index_t r = 0; r < len; ++r) {
     const index_t page = p.table_view(b, r / p.page);
     for (index_t h = 0; h < p.hkv; ++h) {
-      if constexpr (block_quantized_type<KV>) {  // 4-bit: each block's values
+      if constexpr (block_pool_type<KV>) {  // 4-bit: each block's values (rotated: the row turned back by H)
+        float* row = &out[static_cast<std::size_t>((r * p.hkv + h) * dim)];
         for (index_t blk = 0; blk < pool.shape[3]; ++blk)
-          dequantize_block(pool(page, r % p.page, h, blk),
-                           &out[static_cast<std::size_t>((r * p.hkv + h) * dim + blk * KV::values)]);
+          if constexpr (is_hadamard_rotated<KV>) dequantize_block(pool(page, r % p.page, h, blk).block, row + blk * KV::values);
+          else dequantize_block(pool(page, r % p.page, h, blk), row + blk * KV::values);
+        if constexpr (is_hadamard_rotated<KV>) ops::hadamard_row(row, dim);
       } else {
         const float scale = s.at(page, h);
         for (index_t x = 0; x < dim; ++x)
@@ -1110,6 +1137,7 @@ constexpr double lse_bound = 1e-4;
 std::string describe(const Problem& p, const std::string& corruption, const std::array<const index_t*, 4>& strides) {
   const PagedOptions& o = p.opts;
   std::string s = std::string("Q ") + q_names[static_cast<int>(p.qt)] + " KV " + kv_names[static_cast<int>(p.kv)] +
+                  four_bit_names[static_cast<int>(p.four_bit)] +
                   (p.mla ? " mla" : "") + (p.varlen ? " varlen" : " fixed") + (p.planned ? " planned" : "") +
                   (p.topk ? " topk " + std::to_string(p.topk_k) : "") + (p.lse_on ? " lse" : "") +
                   (p.lse_layout ? " (strided)" : "") + " B " + std::to_string(p.batch) + " Nq " + std::to_string(p.nq) +
@@ -1288,6 +1316,17 @@ void execute_q(FuzzedDataProvider& in, Problem& p, bool verbose) {
 
 }  // namespace
 
+/// The 4-bit tag's variant of a 4-bit problem (file comment): read from the input's first
+/// five bytes, apart from the provider, so inputs without the tag decode as they always did.
+FourBit four_bit_variant(const std::uint8_t* data, std::size_t size, const Problem& p) {
+  constexpr std::uint8_t tag[4] = {'t', 'p', '4', 'h'};
+  if (!four_bit(p.kv) || size < 5 || std::memcmp(data, tag, 4) != 0) return FourBit::as_drawn;
+  const bool powers_of_two = ops::hadamard_length(p.d) && ops::hadamard_length(p.dv);
+  if (p.kv == KvType::nvfp4) return data[4] % 2 == 1 && powers_of_two ? FourBit::rotated_nvfp4 : FourBit::as_drawn;
+  const auto v = static_cast<FourBit>(data[4] % 4);
+  return v >= FourBit::rotated_q4_0 && !powers_of_two ? FourBit::as_drawn : v;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const bool verbose = std::getenv("PAGED_FUZZ_VERBOSE") != nullptr;
   FuzzedDataProvider in(data, size);
@@ -1302,8 +1341,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     case KvType::int8: execute_q<std::int8_t>(in, p, verbose); break;
     case KvType::e4m3: execute_q<fp8_e4m3>(in, p, verbose); break;
     case KvType::e5m2: execute_q<fp8_e5m2>(in, p, verbose); break;
-    case KvType::q4_0: execute<float, q4_0_block>(in, p, verbose); break;
-    case KvType::nvfp4: execute<float, nvfp4_block>(in, p, verbose); break;
+    case KvType::q4_0:
+      switch (p.four_bit = four_bit_variant(data, size, p)) {
+        case FourBit::mxfp4: execute<float, mxfp4_block>(in, p, verbose); break;
+        case FourBit::rotated_q4_0: execute<float, hadamard_rotated<q4_0_block>>(in, p, verbose); break;
+        case FourBit::rotated_mxfp4: execute<float, hadamard_rotated<mxfp4_block>>(in, p, verbose); break;
+        default: execute<float, q4_0_block>(in, p, verbose); break;
+      }
+      break;
+    case KvType::nvfp4:
+      p.four_bit = four_bit_variant(data, size, p);
+      if (p.four_bit == FourBit::rotated_nvfp4) execute<float, hadamard_rotated<nvfp4_block>>(in, p, verbose);
+      else execute<float, nvfp4_block>(in, p, verbose);
+      break;
   }
   return 0;
 }
