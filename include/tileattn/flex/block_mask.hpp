@@ -152,7 +152,8 @@ BlockMask<MaskMod> create_block_mask(MaskMod mask_mod, index_t batch, index_t he
                                      index_t seqlen_k, BlockSize block = {}, const Execution& exec = {}) {
   detail::validate_execution(exec);
   BlockMask<MaskMod> mask(std::move(mask_mod), batch, heads, seqlen_q, seqlen_k, block);  // checks the rest
-  const index_t rows = batch * heads * mask.q_blocks();
+  // No key blocks (seqlen_k 0): nothing to classify, though batch x heads x q_blocks may be 2^47.
+  const index_t rows = mask.kv_blocks() == 0 ? 0 : batch * heads * mask.q_blocks();
   parallel_for(exec, rows, [&](index_t row, int) {
     const index_t qb = row % mask.q_blocks(), bh = row / mask.q_blocks(), b = bh / heads, h = bh % heads;
     const index_t q0 = qb * block.q, q1 = q0 + std::min(block.q, seqlen_q - q0);  // q0 + block.q may overflow
