@@ -47,7 +47,6 @@ namespace {
 #define TILEATTN_HALF_ARCH_UNDER_TEST(Struct, ns, dot_product_instruction)                     \
   struct Struct {                                                                              \
     static const char* name() { return ns::name; }                                            \
-    static constexpr bool bf16_dot_product = ns::bf16_dot_product;                             \
     static constexpr bool flushes_subnormals_in_gemm = dot_product_instruction;                \
     static constexpr bool has_dot_product_instruction = dot_product_instruction;               \
     static void to_float(const bf16* src, float* dst, index_t n) { ns::to_float(src, dst, n); } \

@@ -80,7 +80,7 @@ using ExactParam = std::tuple<std::pair<index_t, index_t>, index_t, int, bool>;
 std::size_t budget_of(int kind, index_t d) {
   switch (kind) {
     case 0: return 0;                                      // detected L2
-    case 1: return 64 * 1024;                              // 64 KiB
+    case 1: return std::max<std::size_t>(64 * 1024, rows_budget(1, d));  // 64 KiB, or one row where it holds none
     case 2: return rows_budget(16, d);   // ~16 x 32 tiles
     default: return rows_budget(3, d);    // a few rows and keys
   }

@@ -622,7 +622,7 @@ TYPED_TEST(ForwardPrecision, IoCountsInTwoByteElements) {
   const Execution serial{Backend::serial, 1};
   int halved = 0;
   for (index_t nq : {17, 300})
-    for (std::size_t budget : {std::size_t{0}, std::size_t{40000}}) {
+    for (std::size_t budget : {std::size_t{0}, std::max(rows_budget(8, d, dv), rows_budget_for<T>(1, d, dv))}) {
       SCOPED_TRACE("nq " + std::to_string(nq) + ", budget " + std::to_string(budget));
       Case c = fixed("io", B, nq, nk, hq, hkv, d, dv, 91);
       c.options.sram_budget_bytes = budget;

@@ -365,13 +365,13 @@ TEST(Forward, OneRowTilesAtTheSmallestBudget) {
     ForwardOptions opts;
     opts.causal = true;
     opts.sram_budget_bytes = rows_budget(1, d);
-    const TilePlan plan = forward_tiles(PlanShape{d, d, 7, 9, 1, 4}, opts);
+    const TilePlan plan = forward_tiles(PlanShape{d, d, 7, 300, 1, 4}, opts);
     EXPECT_EQ(plan.query_tile_rows, 1);
-    EXPECT_EQ(plan.key_tile_rows, 9);  // the whole sequence: fewer keys than the fixed tile
+    EXPECT_EQ(plan.key_tile_rows, forward_key_tile(PlanShape{d, d, 7, 300}));
     ForwardOptions below = opts;
     below.sram_budget_bytes = rows_budget(1, d) - 1;
-    EXPECT_THROW(forward_tiles(PlanShape{d, d, 7, 1000, 1, 4}, below), budget_error);
-    HostTensor q({2, 7, 2, d}, Layout::bhsd), k({2, 9, 2, d}, Layout::bshd), v({2, 9, 2, d}, Layout::bshd);
+    EXPECT_THROW(forward_tiles(PlanShape{d, d, 7, 300, 1, 4}, below), budget_error);
+    HostTensor q({2, 7, 2, d}, Layout::bhsd), k({2, 300, 2, d}, Layout::bshd), v({2, 300, 2, d}, Layout::bshd);
     HostTensor o({2, 7, 2, d}, Layout::bshd);
     HostLse lse(2, 2, 7);
     q.fill_normal(1);

@@ -337,10 +337,12 @@ void check_groups_independent_of_key_tile() {
     const SharedBatch<T, KV> batch(hand_made(q_len), 16, 8, 2, 64, 40 + static_cast<std::uint64_t>(q_len));
     const double naive = std::is_same_v<T, bf16> ? batch.naive_error(batch.options()) : 0.0;
     for (index_t panel : {0, 128, 512})
-      for (std::size_t budget : {std::size_t{0}, std::size_t{96} << 10}) {
+      for (bool small : {false, true}) {
+        detail::panel_keys = panel;
+        // small: 32 packed rows beside the key tiles of this panel width
+        const std::size_t budget = small ? rows_budget_for<T, KV>(32, 64) : 0;
         SCOPED_TRACE("q_len " + std::to_string(q_len) + ", panel_keys " + std::to_string(panel) + ", budget " +
                      std::to_string(budget));
-        detail::panel_keys = panel;
         PagedOptions opt = batch.options();
         opt.sram_budget_bytes = budget;
         check_against_per_sequence(batch, opt, {{0, 1, 2, 3, 8}, {4, 5, 6}}, naive);

@@ -64,9 +64,7 @@ struct HalfProblem {
                                           TensorView<const float>(make_bshd(k.data(), 1, nk, heads, d)),
                                           TensorView<const float>(make_bshd(v.data(), 1, nk, heads, d)), ref_opts);
     std::vector<bool> first_nan;
-    const TileOperands operands = kernels::tile_operands_without_panels<T>();
-    for (std::size_t budget : {std::size_t{0}, rows_budget(16, d, d, operands),
-                               rows_budget(3, d, d, operands)}) {
+    for (std::size_t budget : {std::size_t{0}, rows_budget_for<T>(16, d), rows_budget_for<T>(3, d)}) {
       std::vector<T> first;
       for (Backend b : compiled_backends())
         for (int threads : {1, 2, 3}) {
