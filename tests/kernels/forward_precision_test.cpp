@@ -653,9 +653,8 @@ TYPED_TEST(ForwardPrecision, IoCountsInTwoByteElements) {
       if (items_half == items_full) {
         EXPECT_EQ(2 * io_half.bytes_read, io_full.bytes_read);
         ++halved;
-      } else {
-        EXPECT_LT(items_half, items_full);  // only ever fewer: smaller tiles fit more rows
-        EXPECT_LT(2 * io_half.bytes_read, io_full.bytes_read);
+      } else {  // each its own plan's count (above): the key tiles differ (bf16 panels: 128 or 512
+                // keys, float 64), so under one budget either may hold more rows
         std::printf("[ io ] %s nq %lld budget %zu: %lld work items per kv stream (tiles %lld x %lld) vs float's %lld "
                     "(%lld x %lld): reads %llu vs float's %llu bytes\n",
                     type_name<T>(), static_cast<long long>(nq), budget, static_cast<long long>(items_half),

@@ -235,6 +235,7 @@ void check_same_bits_for_every_budget(index_t d) {
   for (std::size_t budget : {least, least + 7000, rows_budget_for<T>(16, d), std::size_t{256} << 10,
                              std::size_t{1} << 20, std::size_t{8} << 20, std::size_t{0}})
     for (int threads : {1, 3}) {
+      if (budget != 0 && budget < least) continue;  // AMX's 512-key panels need more than 256 KiB
       ForwardOptions opts;
       opts.causal = true;
       opts.sram_budget_bytes = budget;

@@ -402,7 +402,7 @@ TEST(RotaryPaged, VarlenBf16BitwiseAsUnfusedForEveryBackendAndThreadCount) {
   apply_rotary(rows_of(q_rot.data(), total, hq, d), q_pos, r);
   const auto tables = fused.cache.batch(fused.ids);
   const auto plain_tables = plain.cache.batch(plain.ids);
-  for (std::size_t budget : {std::size_t{0}, std::size_t{96} << 10}) {  // (the key tiles change the bits)
+  for (std::size_t budget : {std::size_t{0}, rows_budget_for<bf16>(16, d)}) {  // a large budget and 16 rows
     PagedOptions opt;
     opt.causal = true;
     opt.sram_budget_bytes = budget;
