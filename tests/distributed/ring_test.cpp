@@ -20,6 +20,7 @@
 
 #include "support/backward_support.hpp"
 #include "support/naive_same_precision.hpp"
+#include "support/shard_rows.hpp"
 #include "tileattn/distributed/ring.hpp"
 
 namespace tileattn::test {
@@ -133,29 +134,12 @@ struct RingShard {
   /// This rank's rows of a full [B, N, heads, dim] tensor (any element type), as doubles.
   template <class E>
   std::vector<double> rows_of(const std::vector<E>& full, index_t heads, index_t dim) const {
-    std::vector<double> out(static_cast<std::size_t>(s.batch * n * heads * dim));
-    for (index_t b = 0; b < s.batch; ++b)
-      for (int c = 0; c < layout.chunks_per_rank(); ++c) {
-        const ring::Chunk ch = layout.chunk(rank, c);
-        for (index_t i = 0; i < ch.length; ++i)
-          for (index_t x = 0; x < heads * dim; ++x)
-            out[static_cast<std::size_t>(((b * n + ch.local_start + i) * heads) * dim + x)] =
-                to_double(full[static_cast<std::size_t>(((b * s.seqlen_q + ch.start + i) * heads) * dim + x)]);
-      }
-    return out;
+    return shard_rows(full, layout, rank, s.batch, s.seqlen_q, heads, dim);
   }
   /// The same for a full [B, H, N] LSE.
   template <class E>
   std::vector<double> lse_rows_of(const std::vector<E>& full) const {
-    std::vector<double> out(static_cast<std::size_t>(s.batch * s.heads * n));
-    for (index_t bh = 0; bh < s.batch * s.heads; ++bh)
-      for (int c = 0; c < layout.chunks_per_rank(); ++c) {
-        const ring::Chunk ch = layout.chunk(rank, c);
-        for (index_t i = 0; i < ch.length; ++i)
-          out[static_cast<std::size_t>(bh * n + ch.local_start + i)] =
-              to_double(full[static_cast<std::size_t>(bh * s.seqlen_q + ch.start + i)]);
-      }
-    return out;
+    return shard_lse_rows(full, layout, rank, s.batch * s.heads, s.seqlen_q);
   }
 
   static std::vector<float> floats(const std::vector<T>& x) {
@@ -165,11 +149,6 @@ struct RingShard {
   }
 
  private:
-  template <class E>
-  static double to_double(const E& x) {
-    if constexpr (std::is_same_v<E, double> || std::is_same_v<E, float>) return static_cast<double>(x);
-    else return static_cast<double>(to_float(x));
-  }
   void cut(const TensorView<T>& full, std::vector<T>& local, index_t heads, index_t dim) {
     local.resize(static_cast<std::size_t>(s.batch * n * heads * dim));
     ring::shard(full, make_bshd(local.data(), s.batch, n, heads, dim), layout, rank);

@@ -76,6 +76,7 @@
 #include "fuzz/fuzz_support.hpp"
 #include "support/backward_support.hpp"
 #include "support/naive_same_precision.hpp"
+#include "support/shard_rows.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/distributed/ring.hpp"
 
@@ -88,6 +89,9 @@ using test::BackwardProblem;
 using test::GradError;
 using test::ProblemShape;
 using test::sentinel;
+using test::shard_lse_rows;
+using test::shard_rows;
+using test::shard_value;
 
 int world_rank = 0, world_size = 1;
 bool verbose = false;
@@ -215,47 +219,25 @@ struct Shard {
            fuzz::all_bits_equal(dv, st) && fuzz::all_bits_equal(lse, sentinel) && fuzz::all_bits_equal(dsinks, sentinel);
   }
 
-  /// Rows of this rank of a full [B, N, heads, dim] tensor, as doubles.
+  /// This rank's rows of a full [B, N, heads, dim] tensor (any element type), as doubles.
   template <class E>
   std::vector<double> rows_of(const std::vector<E>& full, index_t heads, index_t dim) const {
-    std::vector<double> out(static_cast<std::size_t>(s.batch * n * heads * dim));
-    for (index_t b = 0; b < s.batch; ++b)
-      for (int c = 0; c < layout.chunks_per_rank(); ++c) {
-        const ring::Chunk ch = layout.chunk(rank, c);
-        for (index_t i = 0; i < ch.length; ++i)
-          for (index_t x = 0; x < heads * dim; ++x)
-            out[static_cast<std::size_t>(((b * n + ch.local_start + i) * heads) * dim + x)] =
-                as_double(full[static_cast<std::size_t>(((b * s.seqlen_q + ch.start + i) * heads) * dim + x)]);
-      }
-    return out;
+    return shard_rows(full, layout, rank, s.batch, s.seqlen_q, heads, dim);
   }
   /// The same for a full [B, H, N] LSE.
   template <class E>
   std::vector<double> lse_rows_of(const std::vector<E>& full) const {
-    std::vector<double> out(static_cast<std::size_t>(s.batch * s.heads * n));
-    for (index_t bh = 0; bh < s.batch * s.heads; ++bh)
-      for (int c = 0; c < layout.chunks_per_rank(); ++c) {
-        const ring::Chunk ch = layout.chunk(rank, c);
-        for (index_t i = 0; i < ch.length; ++i)
-          out[static_cast<std::size_t>(bh * n + ch.local_start + i)] =
-              as_double(full[static_cast<std::size_t>(bh * s.seqlen_q + ch.start + i)]);
-      }
-    return out;
+    return shard_lse_rows(full, layout, rank, s.batch * s.heads, s.seqlen_q);
   }
   template <class E>
   static std::vector<float> floats(const std::vector<E>& x) {
     std::vector<float> out;
     out.reserve(x.size());
-    for (const E& e : x) out.push_back(static_cast<float>(as_double(e)));
+    for (const E& e : x) out.push_back(static_cast<float>(shard_value(e)));
     return out;
   }
 
  private:
-  template <class E>
-  static double as_double(const E& x) {
-    if constexpr (std::is_arithmetic_v<E>) return static_cast<double>(x);
-    else return static_cast<double>(to_float(x));
-  }
   void cut(const TensorView<T>& full, std::vector<T>& local, index_t heads, index_t dim) {
     local.resize(static_cast<std::size_t>(s.batch * n * heads * dim));
     ring::shard(full, make_bshd(local.data(), s.batch, n, heads, dim), layout, rank);
