@@ -313,7 +313,7 @@ class KvCache {
       if constexpr (quantized)
         detail::quantize_token(rows, token, pool, scales_view(k_scales_, layer), page, row, RotaryOptions{}, 0,
                                x.data());
-      else
+      else if constexpr (!blocks)  // (a 4-bit cache is never latent: the check above threw)
         detail::copy_token(rows, token, pool, page, row);
     }
   }
