@@ -62,11 +62,13 @@
 // variant of a 4-bit problem: a q4_0 one becomes q4_0, MXFP4 (the same 32-value blocks),
 // hadamard_rotated<q4_0> or hadamard_rotated<mxfp4>, an NVFP4 one NVFP4 or
 // hadamard_rotated<nvfp4> (0, 1, 2, 3 mod 4 / 0, 1 mod 2). Rotated pools hold each row turned
-// by H before it was quantized, and their reference K/V rows are the dequantized rows turned
-// back (H is its own inverse), so the kernel's rotation of Q and O is checked against plain
-// attention; head dims that are not powers of two (NVFP4's 48) stay unrotated. Those bytes
-// are read apart from the FuzzedDataProvider (which takes integers from the input's end), so
-// every input without the tag decodes as before, and none of the corpus starts with it.
+// by H before it was quantized; their reference is attention over the dequantized rows as
+// stored with each Q row (after rotary) turned by H, its O turned back by H in double (H is
+// its own inverse, so over finite values this is attention over the rows turned back; and a
+// non-finite Q element reaches all of H q, as in the kernel: an Inf in Q makes its row's
+// scores NaN over rotated pools); head dims that are not powers of two (NVFP4's 48) stay
+// unrotated. Those bytes are read apart from the FuzzedDataProvider (which takes integers
+// from the input's end), so inputs without the tag decode as they did before it.
 //
 // Bounds: values are N(0, 1) (8-bit: quantized at scales that keep them so), softmax scales
 // up to 1, d up to 72, as in forward_fuzz. Float Q: the forward's 1e-4 absolute on O and the
@@ -990,7 +992,8 @@ PagedPlan mismatched_plan(FuzzedDataProvider& in, const Problem& p, Call<T, KV> 
 // ---- The reference and the checks -------------------------------------------------------
 
 /// Sequence b's K or V gathered from the pool through the block table, dequantized:
-/// [1, len, hkv, dim], contiguous.
+/// [1, len, hkv, dim], contiguous. Rotated pools' rows stay as stored (turned by H):
+/// check_against_reference works in the rotated basis.
 template <class KV>
 std::vector<float> gather(const Problem& p, const TensorView<const KV>& pool, const Scales& s, index_t b) {
   const index_t len = p.seqlens[static_cast<std::size_t>(b)], dim = pool.shape[3] * values_per_element<KV>;
@@ -998,12 +1001,11 @@ std::vector<float> gather(const Problem& p, const TensorView<const KV>& pool, co
   for (index_t r = 0; r < len; ++r) {
     const index_t page = p.table_view(b, r / p.page);
     for (index_t h = 0; h < p.hkv; ++h) {
-      if constexpr (block_pool_type<KV>) {  // 4-bit: each block's values (rotated: the row turned back by H)
+      if constexpr (block_pool_type<KV>) {  // 4-bit: each block's values
         float* row = &out[static_cast<std::size_t>((r * p.hkv + h) * dim)];
         for (index_t blk = 0; blk < pool.shape[3]; ++blk)
           if constexpr (is_hadamard_rotated<KV>) dequantize_block(pool(page, r % p.page, h, blk).block, row + blk * KV::values);
           else dequantize_block(pool(page, r % p.page, h, blk), row + blk * KV::values);
-        if constexpr (is_hadamard_rotated<KV>) ops::hadamard_row(row, dim);
       } else {
         const float scale = s.at(page, h);
         for (index_t x = 0; x < dim; ++x)
@@ -1073,11 +1075,41 @@ Deviation check_topk_row(const Problem& p, const std::vector<std::int32_t>& idx,
   return test::compare_to_reference(ref, o_row, lse_row);
 }
 
+/// x[0, n) = H_n x in double (n a power of two): the Sylvester butterflies, then 1 / sqrt(n),
+/// written apart from ops::hadamard_row so that the reference does not lean on it.
+void hadamard_double(double* x, index_t n) {
+  for (index_t span = 1; span < n; span *= 2)
+    for (index_t i = 0; i < n; i += 2 * span)
+      for (index_t j = i; j < i + span; ++j) {
+        const double a = x[j], b = x[j + span];
+        x[j] = a + b;
+        x[j + span] = a - b;
+      }
+  for (index_t j = 0; j < n; ++j) x[j] /= std::sqrt(static_cast<double>(n));
+}
+
+/// Rotated pools: the reference in the kernel's basis. The pools hold H K and H V, so
+/// attention over them with H q and H applied to its O is attention over K and V (H H = I,
+/// ops/hadamard.hpp); Q's rows (after rotary) are turned by H in float as the kernel turns
+/// them. Not the pools' rows turned back instead: a non-finite Q element reaches every
+/// element of H q (IEEE: an Inf in Q makes its row's scores NaN over rotated pools, where
+/// over plain ones they are +-Inf), and that is what the kernel computes.
+template <class T>
+void hadamard_queries(const Problem& p, const TensorView<const float>& q) {
+  std::vector<float> row(static_cast<std::size_t>(p.d));
+  test::for_each_index({q.shape[0], q.shape[1], q.shape[2], 1}, [&](index_t b, index_t n, index_t h, index_t) {
+    for (index_t x = 0; x < p.d; ++x) row[static_cast<std::size_t>(x)] = q(b, n, h, x);
+    ops::hadamard_row(row.data(), p.d);
+    for (index_t x = 0; x < p.d; ++x) const_cast<float&>(q(b, n, h, x)) = row[static_cast<std::size_t>(x)];
+  });
+}
+
 /// Each sequence against the double reference; max_v receives max |V| (finite, used).
 template <class T, class KV>
 Deviation check_against_reference(const Problem& p, const Call<T, KV>& c, double& max_v) {
   auto [qm, q] = mirror(c.q, c.q.view);
   rotate_queries<T>(p, c.opts.rotary, q);
+  if constexpr (is_hadamard_rotated<KV>) hadamard_queries<T>(p, q);
   auto [om, o] = mirror(c.o, c.ov);
   const reference::Options ro = reference::Options::from(c.opts);
   Deviation all;
@@ -1105,9 +1137,11 @@ Deviation check_against_reference(const Problem& p, const Call<T, KV>& c, double
       if (all.problem.empty() && !d.problem.empty()) all.problem = "sequence " + std::to_string(b) + " row " + std::to_string(i) + ": " + d.problem;
     }
     if (p.topk) continue;
-    const auto ref = reference::attention<float>(first_row(q, vbatch, start, lq),
-                                                 make_bshd<const float>(kb.data(), 1, len, p.hkv, p.d),
-                                                 make_bshd<const float>(vb.data(), 1, len, p.hkv, p.dv), rb);
+    auto ref = reference::attention<float>(first_row(q, vbatch, start, lq),
+                                           make_bshd<const float>(kb.data(), 1, len, p.hkv, p.d),
+                                           make_bshd<const float>(vb.data(), 1, len, p.hkv, p.dv), rb);
+    if constexpr (is_hadamard_rotated<KV>)  // O back from the rotated basis
+      for (std::size_t row = 0; row < ref.o.size(); row += static_cast<std::size_t>(p.dv)) hadamard_double(&ref.o[row], p.dv);
     const Deviation d = test::compare_to_reference(ref, first_row(o, vbatch, start, lq), lse);
     all.o = std::max(all.o, d.o);
     all.lse = std::max(all.lse, d.lse);
