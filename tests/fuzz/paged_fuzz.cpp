@@ -70,6 +70,25 @@
 // unrotated. Those bytes are read apart from the FuzzedDataProvider (which takes integers
 // from the input's end), so inputs without the tag decode as they did before it.
 //
+// The tree tag (issue #42 item 7): an input that starts with "tptr" is a speculative verify
+// step instead, decoded from the bytes after the tag by a provider of its own (so, again,
+// no other input changes meaning): forward_paged_flex or forward_paged_varlen_flex
+// (flex.hpp) under draft_tree_mask (flex/tree_mask.hpp), float Q and pools, 1 to 3
+// sequences of 0 to 60 accepted positions plus the same 1 to 20 drafts each (cache_seqlens
+// count both; one query per draft, varlen with spare rows), one tree or one per sequence of
+// random parents (forests, chains), block sizes from 1x1 up, and the pools, layouts and
+// options of the other inputs but the mask (bias, ALiBi, sinks, softcap, causal, windows,
+// chunks, rotary, splits, budgets, backends, NaN/Inf). A successful call must match the
+// double reference with the same options and the tree as a dense boolean mask, built by
+// walking the parent array (tests/flex/flex_paged_test.cpp's TreeVerify), under the float
+// bounds below, and give the same bits on a rerun when the flags byte asks. Half the
+// corruptions are the mask's: draft_tree_mask's own bad arguments (a parent not an earlier
+// token or below -1, the wrong parent count, tokens < 1, fewer keys than drafts, no
+// sequences) must throw naming their parameter; a valid mask made for another call (other
+// cache_seqlens, a smaller or larger batch, another draft count) must make the call throw
+// naming block_mask with O and the LSE untouched. The other half are corrupt()'s bad
+// arguments of the call (a plan mismatch excepted: flex calls take no plan).
+//
 // Bounds: values are N(0, 1) (8-bit: quantized at scales that keep them so), softmax scales
 // up to 1, d up to 72, as in forward_fuzz. Float Q: the forward's 1e-4 absolute on O and the
 // LSE (the suite's 2e-5 bound with forward_fuzz's margin for its wider options); 8-bit K/V
@@ -108,6 +127,7 @@
 #include "fuzz/fuzz_rotary.hpp"
 #include "fuzz/fuzz_support.hpp"
 #include "support/test_support.hpp"
+#include "tileattn/flex.hpp"
 #include "tileattn/paged.hpp"
 #include "tileattn/topk.hpp"
 
@@ -1211,24 +1231,14 @@ bool allowed_for_valid_call(const Problem& p, const tileattn::invalid_argument& 
   return p.budget_kind == 3 && dynamic_cast<const budget_error*>(&err) != nullptr;
 }
 
-/// The call, with its plan when planned; on invalid_argument checks the rule for rejected
-/// calls and returns false.
-template <class T, class KV>
-bool attempt(const Problem& p, Call<T, KV>& c, const std::optional<PagedPlan>& plan, bool corrupted,
-             const std::string& info) {
+/// Runs `call` (a call of the problem's entry point on c); on invalid_argument checks the
+/// rule for rejected calls and returns false.
+template <class T, class KV, class F>
+bool attempt_call(const Problem& p, Call<T, KV>& c, bool corrupted, const std::string& info, F&& call) {
   const std::vector<KV> k_before = c.k.data, v_before = c.v.data;
   const T o_sentinel = from_float<T>(sentinel);
   try {
-    if (plan) {
-      try {  // the planner on the same (maybe corrupted) arguments; the corruption is not the plan's
-        (void)make_plan(p, c, c.opts);
-        if (corrupted && p.corruption != plan_mismatch) fail("the planner accepted a corrupted call\n  " + info);
-      } catch (const tileattn::invalid_argument& err) {
-        fuzz::require_named("paged_fuzz", err);
-        if (!corrupted && !allowed_for_valid_call(p, err)) fail(std::string("the planner rejected a valid call: ") + err.what() + "\n  " + info);
-      }
-    }
-    run(p, c, c.opts, plan ? &*plan : nullptr);
+    call();
   } catch (const tileattn::invalid_argument& err) {
     fuzz::require_named("paged_fuzz", err);
     if (!all_bits_equal(c.o.data, o_sentinel) || !test::all_equal(c.lse, sentinel))
@@ -1240,6 +1250,25 @@ bool attempt(const Problem& p, Call<T, KV>& c, const std::optional<PagedPlan>& p
   }
   if (corrupted) fail("accepted a corrupted call\n  " + info);
   return true;
+}
+
+/// The call, with its plan when planned; on invalid_argument checks the rule for rejected
+/// calls and returns false.
+template <class T, class KV>
+bool attempt(const Problem& p, Call<T, KV>& c, const std::optional<PagedPlan>& plan, bool corrupted,
+             const std::string& info) {
+  return attempt_call(p, c, corrupted, info, [&] {
+    if (plan) {
+      try {  // the planner on the same (maybe corrupted) arguments; the corruption is not the plan's
+        (void)make_plan(p, c, c.opts);
+        if (corrupted && p.corruption != plan_mismatch) fail("the planner accepted a corrupted call\n  " + info);
+      } catch (const tileattn::invalid_argument& err) {
+        fuzz::require_named("paged_fuzz", err);
+        if (!corrupted && !allowed_for_valid_call(p, err)) fail(std::string("the planner rejected a valid call: ") + err.what() + "\n  " + info);
+      }
+    }
+    run(p, c, c.opts, plan ? &*plan : nullptr);
+  });
 }
 
 template <class T, class KV>
@@ -1348,6 +1377,245 @@ void execute_q(FuzzedDataProvider& in, Problem& p, bool verbose) {
   execute<float, KV>(in, p, verbose);
 }
 
+// ---- Draft-tree masks (the tree tag, file comment) ----------------------------------------
+
+/// A verify step's draft trees and what the mask given to forward_paged_flex was made from
+/// (a corruption makes it for another call, or makes draft_tree_mask itself fail).
+struct TreeDraw {
+  index_t tokens = 1;
+  std::vector<std::int32_t> parents;  // one tree (tokens entries) or one per sequence
+  BlockSize block{};
+  // What draft_tree_mask is called with (the call's own unless corrupted).
+  std::vector<std::int32_t> mask_parents, mask_seqlens;
+  index_t mask_tokens = 1;
+  std::string corruption = "none";
+  bool mask_rejected = false;  // the corruption is draft_tree_mask's: it must throw
+};
+
+/// Whether draft u is t or an ancestor of t in `tree` (parents[t] < t), walking the array.
+bool is_ancestor(const std::int32_t* tree, index_t u, index_t t) {
+  for (index_t x = t; x >= 0; x = tree[x])
+    if (x == u) return true;
+  return false;
+}
+
+/// The problem of a verify step: 1 to 3 sequences of 0 to 60 accepted positions and the same
+/// 1 to 20 drafts each (cache_seqlens count both), one query per draft (varlen: cu_seqlens_q
+/// steps of `tokens`, spare rows after), float Q and pools, every layout and option but the
+/// mask (the tree is the mask; top-k, MLA and plans do not apply), rotary of Q, NaN/Inf.
+void build_tree_problem(FuzzedDataProvider& in, Problem& p, TreeDraw& t, std::mt19937& rng) {
+  p.kv = KvType::fp32;
+  p.qt = QType::fp32;
+  p.varlen = in.ConsumeBool();
+  p.lse_on = in.ConsumeBool();
+  p.hkv = in.ConsumeIntegralInRange(1, 3);
+  p.hq = p.hkv * in.ConsumeIntegralInRange<index_t>(1, 6 / p.hkv);
+  p.d = in.ConsumeIntegralInRange(1, 72);
+  p.dv = in.ConsumeBool() ? p.d : in.ConsumeIntegralInRange(1, 40);
+  p.batch = in.ConsumeIntegralInRange(1, 3);
+  t.tokens = in.ConsumeIntegralInRange(1, 20);
+  p.cu = {0};
+  for (index_t b = 0; b < p.batch; ++b) {
+    const int prefix = in.ConsumeIntegralInRange(0, 5) == 0 ? 0 : in.ConsumeIntegralInRange(1, 60);
+    p.seqlens.push_back(static_cast<std::int32_t>(prefix + t.tokens));
+    p.longest_k = std::max<index_t>(p.longest_k, p.seqlens.back());
+    p.cu.push_back(static_cast<std::int32_t>(p.cu.back() + t.tokens));
+  }
+  p.longest_q = t.tokens;
+  p.nq = p.varlen ? p.cu.back() + in.ConsumeIntegralInRange(0, 2) : t.tokens;
+  // The trees: each token a root now and then (a forest), else a child of an earlier one;
+  // sometimes a chain (each the next's parent: the tree is the causal mask).
+  const index_t trees = p.batch > 1 && in.ConsumeBool() ? p.batch : 1;
+  for (index_t tree = 0; tree < trees; ++tree) {
+    const bool chain = in.ConsumeIntegralInRange(0, 3) == 0;
+    for (index_t x = 0; x < t.tokens; ++x)
+      t.parents.push_back(x == 0 ? -1
+                          : chain ? static_cast<std::int32_t>(x - 1)
+                          : in.ConsumeIntegralInRange(0, 4) == 0 ? -1
+                                                                 : in.ConsumeIntegralInRange<std::int32_t>(0, static_cast<std::int32_t>(x - 1)));
+  }
+  const BlockSize blocks[] = {{}, {1, 1}, {4, 8}, {16, 32}, {16, 64}};
+  const int pick = in.ConsumeIntegralInRange(0, 5);
+  t.block = pick < 5 ? blocks[pick] : BlockSize{in.ConsumeIntegralInRange<index_t>(1, 21), in.ConsumeIntegralInRange<index_t>(1, 70)};
+  build_pages(in, p, rng);
+  std::normal_distribution<float> normal;
+  p.qf.resize(static_cast<std::size_t>(view_batch(p) * p.nq * p.hq * p.d));
+  for (float& x : p.qf) x = normal(rng);
+  std::vector<std::size_t> all_q(p.qf.size());
+  std::iota(all_q.begin(), all_q.end(), std::size_t{0});
+  poison(in, p.qf, all_q);
+  build_options(in, p, rng);
+  p.mask.reset();
+  p.opts.mask = {};
+  for (Relayout& r : p.layout) r = relayout_of(in.ConsumeIntegral<std::uint8_t>());
+  p.lse_layout = in.ConsumeIntegralInRange(0, 1);
+  const auto flags = in.ConsumeIntegral<std::uint8_t>();
+  p.rerun = flags & 1;
+  const Backend backends[] = {Backend::automatic, Backend::serial, Backend::openmp, Backend::tbb};
+  Backend backend = backends[(flags >> 1) & 3];
+  if (!backend_available(backend)) backend = Backend::serial;
+  p.again = {backend, (flags >> 3) & 3};
+  build_rotary(in, p, rng);
+  t.mask_parents = t.parents;
+  t.mask_seqlens = p.seqlens;
+  t.mask_tokens = t.tokens;
+}
+
+/// One corruption of the mask (about half the inputs; the rest of the choices leave it
+/// valid): draft_tree_mask's own bad arguments (a parent not earlier, a parent below -1,
+/// the wrong count, tokens 0, fewer keys than drafts, no sequences), which it must reject,
+/// or a valid mask made for another call, which forward_paged_flex must reject naming
+/// block_mask: other cache_seqlens (one sequence's keys moved, the longest kept or not), a
+/// smaller or larger batch, other draft counts.
+void corrupt_tree(FuzzedDataProvider& in, const Problem& p, TreeDraw& t) {
+  const index_t trees = static_cast<index_t>(t.parents.size()) / t.tokens;
+  const auto tree_parents = [&](index_t count, index_t tokens) {  // `count` trees of `tokens` drafts, valid
+    std::vector<std::int32_t> out;
+    for (index_t tree = 0; tree < count; ++tree)
+      for (index_t x = 0; x < tokens; ++x)
+        out.push_back(x < t.tokens ? t.parents[static_cast<std::size_t>((tree % trees) * t.tokens + x)] : static_cast<std::int32_t>(x - 1));
+    return out;
+  };
+  switch (17 - in.ConsumeIntegralInRange(0, 17)) {  // (an input out of bytes reads 0: none)
+    case 0: {  // a parent that is not an earlier token (itself or later), or below -1
+      const index_t e = in.ConsumeIntegralInRange<index_t>(0, static_cast<index_t>(t.mask_parents.size()) - 1), x = e % t.tokens;
+      const std::int32_t bad[] = {static_cast<std::int32_t>(x), static_cast<std::int32_t>(x + 1), INT_MAX, -2, INT_MIN};
+      t.mask_parents[static_cast<std::size_t>(e)] = bad[in.ConsumeIntegralInRange(0, 4)];
+      t.corruption = "parents entry " + std::to_string(e) + " is " + std::to_string(t.mask_parents[static_cast<std::size_t>(e)]);
+      t.mask_rejected = true;
+      return;
+    }
+    case 1:
+      if (in.ConsumeBool()) t.mask_parents.push_back(-1);
+      else t.mask_parents.pop_back();
+      t.corruption = "parents count " + std::to_string(t.mask_parents.size());
+      t.mask_rejected = true;
+      return;
+    case 2:
+      t.mask_tokens = in.ConsumeBool() ? 0 : -1;
+      t.corruption = "tokens " + std::to_string(t.mask_tokens);
+      t.mask_rejected = true;
+      return;
+    case 3: {
+      const index_t b = in.ConsumeIntegralInRange<index_t>(0, p.batch - 1);
+      t.mask_seqlens[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(t.tokens - in.ConsumeIntegralInRange<index_t>(1, t.tokens + 1));
+      t.corruption = "cache_seqlens[" + std::to_string(b) + "] below tokens";
+      t.mask_rejected = true;
+      return;
+    }
+    case 4:
+      t.mask_seqlens.clear();
+      t.corruption = "cache_seqlens empty";
+      t.mask_rejected = true;
+      return;
+    case 5: case 6: {  // one sequence's keys moved (still >= tokens): the drafts at other positions
+      const index_t b = in.ConsumeIntegralInRange<index_t>(0, p.batch - 1);
+      std::int32_t& len = t.mask_seqlens[static_cast<std::size_t>(b)];
+      const auto step = in.ConsumeIntegralInRange<std::int32_t>(1, 3);
+      len = len - step >= t.tokens && in.ConsumeBool() ? len - step : len + step;
+      t.corruption = "mask for cache_seqlens[" + std::to_string(b) + "] = " + std::to_string(len);
+      return;
+    }
+    case 7: case 8:  // made for fewer sequences (a tree of one broadcast, or the first ones')
+      if (p.batch < 2) return;
+      {
+        const index_t k = in.ConsumeIntegralInRange<index_t>(1, p.batch - 1);
+        t.mask_seqlens.resize(static_cast<std::size_t>(k));
+        t.mask_parents = tree_parents(trees > 1 ? k : 1, t.tokens);
+        t.corruption = "mask for a batch of " + std::to_string(k);
+      }
+      return;
+    case 9:  // made for one sequence more
+      t.mask_seqlens.push_back(static_cast<std::int32_t>(t.tokens + in.ConsumeIntegralInRange(0, 9)));
+      t.mask_parents = tree_parents(trees > 1 ? p.batch + 1 : 1, t.tokens);
+      t.corruption = "mask for a batch of " + std::to_string(p.batch + 1);
+      return;
+    case 10: {  // other draft counts over the same keys (the call's queries are `tokens`)
+      const index_t shortest = *std::min_element(p.seqlens.begin(), p.seqlens.end());
+      const index_t other = in.ConsumeBool() && t.tokens > 1 ? t.tokens - 1 : std::min<index_t>(t.tokens + 1, shortest);
+      if (other == t.tokens) return;
+      t.mask_tokens = other;
+      t.mask_parents = tree_parents(trees, other);
+      t.corruption = "mask for " + std::to_string(other) + " drafts";
+      return;
+    }
+    default: return;  // none
+  }
+}
+
+/// The tree as the reference's dense mask [batch, 1, tokens, longest cache_seqlens]: query t
+/// of sequence b sees key j < prefix(b), or j - prefix(b) when that is t or an ancestor.
+std::unique_ptr<bool[]> dense_tree_mask(const Problem& p, const TreeDraw& t, ScoreMaskView& view) {
+  const index_t trees = static_cast<index_t>(t.parents.size()) / t.tokens, sk = p.longest_k, sq = t.tokens;
+  std::unique_ptr<bool[]> m(new bool[static_cast<std::size_t>(p.batch * sq * sk)]());
+  for (index_t b = 0; b < p.batch; ++b) {
+    const index_t prefix = p.seqlens[static_cast<std::size_t>(b)] - t.tokens;
+    const std::int32_t* tree = t.parents.data() + (trees > 1 ? b : 0) * t.tokens;
+    for (index_t x = 0; x < sq; ++x)
+      for (index_t j = 0; j < p.seqlens[static_cast<std::size_t>(b)]; ++j)
+        m[static_cast<std::size_t>((b * sq + x) * sk + j)] = j < prefix || is_ancestor(tree, j - prefix, x);
+  }
+  view = {m.get(), {p.batch, 1, sq, sk}, {sq * sk, sq * sk, sk, 1}};
+  return m;
+}
+
+void execute_tree(FuzzedDataProvider& in, bool verbose, std::mt19937& rng) {
+  Problem p;
+  TreeDraw t;
+  build_tree_problem(in, p, t, rng);
+  const int choice = in.ConsumeIntegralInRange(0, 2 * corruption_count - 1);
+  const bool mask_fault = choice % 2 == 0;  // half the corruptions are the mask's, half the call's
+  if (choice < corruption_count && mask_fault) corrupt_tree(in, p, t);
+  Call<float, float> c = make_call<float, float>(p);
+  std::string what = t.corruption;
+  if (choice < corruption_count && !mask_fault && choice != plan_mismatch) what = corrupt(choice, in, p, c);
+  const bool corrupted = what != "none";
+  p.applied = what;
+  std::string info = "draft tree of " + std::to_string(t.tokens) + " (" +
+                     std::to_string(t.parents.size() / static_cast<std::size_t>(t.tokens)) + " trees, block " +
+                     std::to_string(t.block.q) + "x" + std::to_string(t.block.kv) + ") parents";
+  for (auto x : t.parents) info += " " + std::to_string(x);
+  info += "\n  " + describe(p, what, {c.q.view.stride.data(), c.k.view.stride.data(), c.v.view.stride.data(), c.o.view.stride.data()});
+  if (verbose) std::fprintf(stderr, "paged_fuzz: %s\n", info.c_str());
+  std::optional<BlockMask<flex::draft_tree>> mask;
+  try {
+    mask.emplace(draft_tree_mask(t.mask_parents, t.mask_tokens, t.mask_seqlens, t.block));
+  } catch (const tileattn::invalid_argument& err) {
+    fuzz::require_named("paged_fuzz", err);
+    if (!t.mask_rejected) fail(std::string("draft_tree_mask rejected a valid tree: ") + err.what() + "\n  " + info);
+    if (verbose) std::fprintf(stderr, "paged_fuzz: draft_tree_mask rejected (%s)\n", err.what());
+    return;
+  }
+  if (t.mask_rejected) fail("draft_tree_mask accepted bad arguments\n  " + info);
+  const auto call = [&](const PagedOptions& opts) {
+    if (p.varlen)
+      forward_paged_varlen_flex(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu,
+                                flex::no_score_mod{}, *mask, opts);
+    else
+      forward_paged_flex(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, flex::no_score_mod{}, *mask, opts);
+  };
+  if (!attempt_call(p, c, corrupted, info, [&] { call(c.opts); })) {
+    if (verbose) std::fprintf(stderr, "paged_fuzz: rejected\n");
+    return;
+  }
+  // The reference: the same options with the tree as a dense mask.
+  ScoreMaskView dense{};
+  const auto dense_data = dense_tree_mask(p, t, dense);
+  const PagedOptions flex_opts = c.opts;
+  c.opts.mask = dense;
+  check_success(p, c, info, verbose);
+  if (p.rerun) {  // the same bits on another backend and thread count
+    const std::vector<float> first_o = c.o.data, first_lse = c.lse;
+    std::fill(c.o.data.begin(), c.o.data.end(), sentinel);
+    std::fill(c.lse.begin(), c.lse.end(), sentinel);
+    PagedOptions again = flex_opts;
+    again.execution = p.again;
+    call(again);
+    if (!same_bits(first_o, c.o.data) || !same_bits(first_lse, c.lse)) fail("results differ between executions\n  " + info);
+  }
+  if (verbose) std::fprintf(stderr, "paged_fuzz: ok\n");
+}
+
 }  // namespace
 
 /// The 4-bit tag's variant of a 4-bit problem (file comment): read from the input's first
@@ -1363,6 +1631,13 @@ FourBit four_bit_variant(const std::uint8_t* data, std::size_t size, const Probl
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const bool verbose = std::getenv("PAGED_FUZZ_VERBOSE") != nullptr;
+  constexpr std::uint8_t tree_tag[4] = {'t', 'p', 't', 'r'};
+  if (size >= 4 && std::memcmp(data, tree_tag, 4) == 0) {  // the tree tag: the bytes after it
+    FuzzedDataProvider in(data + 4, size - 4);
+    std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
+    execute_tree(in, verbose, rng);
+    return 0;
+  }
   FuzzedDataProvider in(data, size);
   std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
   Problem p;
