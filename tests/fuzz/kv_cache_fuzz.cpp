@@ -54,6 +54,20 @@
 // above (fp8 at the scale of that call, int8 within the same bound).
 // Anything else aborts (a crash, a sanitizer report, another exception, a wrong state).
 //
+// The 4-bit tag (issue #42 item 7): an input that starts with "kc4b" draws a 4-bit cache,
+// KvCache<q4_0_block>, <nvfp4_block>, <mxfp4_block> or <hadamard_rotated<q4_0_block>>
+// (the byte after the tag, mod 4), and decodes the bytes after that byte with a provider
+// of its own, so every other input decodes as before. Its config is read_config's with
+// head_dim and head_dim_v 1 to 3 whole blocks (rotated: 1 or 2, powers of two), no scales,
+// never latent; a bad one (now and then) has a head dim that is not whole blocks or (rotated)
+// not a power of two, latent set, a scale, or one of the other bad fields. The operations
+// are the same (rows in float, bf16 or fp16, rotary K included), and every written position
+// must hold, bitwise, the codec's blocks of the model's row (K rotated by rotary in float;
+// rotated caches: each row then turned by H), in the cache and in raw write_kv_slots pools
+// (unwritten raw slots keep their zero bits); forward_paged over the cache (float Q; rotated
+// pools: the kernel rotates Q and O) must match the double reference over the dequantized
+// blocks (rotated: each row turned back by H) within the same bounds.
+//
 //   cmake -S . -B build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DTILEATTN_BUILD_FUZZERS=ON
 //   cmake --build build-fuzz --target kv_cache_fuzz
 //   build-fuzz/tests/fuzz/kv_cache_fuzz -max_len=1024 tests/fuzz/corpus/kv_cache -max_total_time=3600
@@ -272,7 +286,10 @@ constexpr const char* outcome_names[] = {"ok", "invalid_argument", "out_of_pages
 
 template <class T>
 class Harness {
-  static constexpr bool quantized = quantized_type<T>;
+  static constexpr bool quantized = quantized_type<T>;  // 8 bits, scales beside the pools
+  static constexpr bool blocks = block_pool_type<T>;    // 4 bits (the 4-bit tag): blocks, scales inside
+  static constexpr bool converts = quantized || blocks;  // rows arrive in float, bf16 or fp16
+  static constexpr index_t per = values_per_element<T>;  // values per pool element (a block's count)
 
  public:
   Harness(FuzzedDataProvider& in, std::mt19937& rng, const KvCacheConfig& config)
@@ -280,8 +297,8 @@ class Harness {
     model_.page_size = c_.page_size;
     model_.num_pages = c_.num_pages;
     raw_pages_ = in_.ConsumeIntegralInRange<index_t>(1, max_raw_pages);
-    raw_k_.assign(static_cast<std::size_t>(raw_pages_ * c_.page_size * c_.heads_kv * c_.head_dim), T{});
-    raw_v_.assign(static_cast<std::size_t>(raw_pages_ * c_.page_size * c_.heads_kv * c_.head_dim_v), T{});
+    raw_k_.assign(static_cast<std::size_t>(raw_pages_ * c_.page_size * c_.heads_kv * c_.head_dim / per), T{});
+    raw_v_.assign(static_cast<std::size_t>(raw_pages_ * c_.page_size * c_.heads_kv * c_.head_dim_v / per), T{});
     raw_ks_.assign(static_cast<std::size_t>(raw_pages_ * c_.heads_kv), 0.0f);
     raw_vs_.assign(raw_ks_.size(), 0.0f);
     raw_tokens_.assign(static_cast<std::size_t>(raw_pages_ * c_.page_size), Token{});
@@ -343,8 +360,8 @@ class Harness {
     Snapshot s;
     const std::size_t rows = static_cast<std::size_t>(c_.num_pages * c_.page_size * c_.heads_kv);
     for (index_t l = 0; l < c_.num_layers; ++l) {
-      s.bytes.push_back(bytes_of(cache_.k_pages(l).data, rows * static_cast<std::size_t>(c_.head_dim)));
-      s.bytes.push_back(bytes_of(cache_.v_pages(l).data, rows * static_cast<std::size_t>(c_.head_dim_v)));
+      s.bytes.push_back(bytes_of(cache_.k_pages(l).data, rows * static_cast<std::size_t>(c_.head_dim / per)));
+      s.bytes.push_back(bytes_of(cache_.v_pages(l).data, rows * static_cast<std::size_t>(c_.head_dim_v / per)));
       if constexpr (quantized) {
         const std::size_t n = adaptive_scale<T> ? static_cast<std::size_t>(c_.num_pages * c_.heads_kv)
                                                 : static_cast<std::size_t>(c_.heads_kv);
@@ -492,10 +509,10 @@ class Harness {
     if (attempt(what, expected, [&] { cache_.extend(id, n); })) extend_model(id, n, free_before, needed, what);
   }
 
-  /// The row type of a write: T, or float, bf16 or fp16 for an 8-bit cache.
+  /// The row type of a write: T, or float, bf16 or fp16 for an 8-bit or 4-bit cache.
   template <class F>
   void with_row_type(F&& f) {
-    if constexpr (quantized) {
+    if constexpr (converts) {
       switch (in_.ConsumeIntegralInRange(0, 2)) {
         case 0: f.template operator()<float>(); break;
         case 1: f.template operator()<bf16>(); break;
@@ -543,10 +560,11 @@ class Harness {
   }
 
   /// A token's K as the cache stores it with rotary tables: each head's row rotated at
-  /// `position`, rounded to T (an 8-bit cache rotates in float and quantizes: holds()).
+  /// `position`, rounded to T (an 8-bit or 4-bit cache rotates in float and quantizes:
+  /// holds(), expected_block()).
   KV_CACHE_FUZZ_UNCOVERED void rotate_token(Token& tok, const RotaryOptions& r, index_t position) const {
     if (!r.enabled()) return;
-    using R = std::conditional_t<quantized, float, T>;
+    using R = std::conditional_t<converts, float, T>;
     for (index_t h = 0; h < c_.heads_kv; ++h) fuzz::rotate_reference<R>(r, tok.k.data() + h * c_.head_dim, position);
   }
 
@@ -763,6 +781,14 @@ class Harness {
         const index_t row = t % c_.page_size;
         for (int kv = 0; kv < 2; ++kv) {
           const auto pool = kv == 0 ? cache_.k_pages(l) : cache_.v_pages(l);
+          if constexpr (blocks) {
+            check_blocks(kv == 0 ? tok.k : tok.v, kv == 0 ? c_.head_dim : c_.head_dim_v, [&](index_t h, index_t blk) {
+              return pool(page, row, h, blk);
+            }, [&] {
+              return "sequence " + std::to_string(id) + " layer " + std::to_string(l) + " position " + std::to_string(t) +
+                     (kv == 0 ? " K" : " V") + " (page " + std::to_string(page) + ")";
+            });
+          } else {
           const index_t dim = pool.shape[3];
           for (index_t h = 0; h < c_.heads_kv; ++h) {
             const float scale = scale_of(l, kv, page, h);
@@ -776,7 +802,50 @@ class Harness {
                      ", " + std::to_string(tok.later) + " later writes into its page");
             }
           }
+          }
         }
+      }
+  }
+
+  /// 4-bit caches: the blocks a written row of `dim` values per head must be stored as:
+  /// each head's row (K already rotated by rotary, in float) turned by H when the cache is
+  /// hadamard_rotated, then quantized block by block by the codec (core/
+  /// block_quantized_types.hpp). Bitwise: the codec is deterministic.
+  KV_CACHE_FUZZ_UNCOVERED std::vector<stored_block_t<T>> expected_blocks(const std::vector<float>& values, index_t dim) const
+    requires blocks
+  {
+    using B = stored_block_t<T>;
+    std::vector<B> out;
+    std::vector<float> row(static_cast<std::size_t>(dim));
+    for (index_t h = 0; h < c_.heads_kv; ++h) {
+      std::copy_n(values.begin() + h * dim, dim, row.begin());
+      if constexpr (is_hadamard_rotated<T>) ops::hadamard_row(row.data(), dim);
+      for (index_t blk = 0; blk < dim / per; ++blk) out.push_back(quantize_block<B>(row.data() + blk * per));
+    }
+    return out;
+  }
+
+  /// A written row of a 4-bit cache (stored(h, blk) its blocks) against the model's values;
+  /// on a mismatch, the values each block dequantizes to.
+  template <class Stored, class Where>
+  KV_CACHE_FUZZ_UNCOVERED void check_blocks(const std::vector<float>& values, index_t dim, Stored&& stored, Where&& where) const
+    requires blocks
+  {
+    const auto want = expected_blocks(values, dim);
+    for (index_t h = 0; h < c_.heads_kv; ++h)
+      for (index_t blk = 0; blk < dim / per; ++blk) {
+        const T got = stored(h, blk);
+        const auto& expected = want[static_cast<std::size_t>(h * (dim / per) + blk)];
+        if (std::memcmp(&got, &expected, sizeof(T)) == 0) continue;
+        float g[per], e[per];
+        dequantize_block(reinterpret_cast<const stored_block_t<T>&>(got), g);
+        dequantize_block(expected, e);
+        std::string s = where() + " head " + std::to_string(h) + " block " + std::to_string(blk) + " (" +
+                        kv_type_name<T>() + ") dequantizes to";
+        for (float x : g) s += " " + std::to_string(x);
+        s += ", the model's row quantizes to";
+        for (float x : e) s += " " + std::to_string(x);
+        fail(s);
       }
   }
 
@@ -808,13 +877,22 @@ class Harness {
   /// Sequence b's K (kv 0) or V [1, length, heads_kv, dim] read through its pages, dequantized.
   KV_CACHE_FUZZ_UNCOVERED std::vector<float> gather(const Sequence& s, index_t l, int kv) const {
     const auto pool = kv == 0 ? cache_.k_pages(l) : cache_.v_pages(l);
-    const index_t dim = pool.shape[3];
+    const index_t dim = pool.shape[3] * per;
     std::vector<float> out;
     for (index_t t = 0; t < s.length; ++t) {
       const std::int32_t page = s.pages[static_cast<std::size_t>(t / c_.page_size)];
       for (index_t h = 0; h < c_.heads_kv; ++h)
-        for (index_t c = 0; c < dim; ++c)
-          out.push_back(to_float(pool(page, t % c_.page_size, h, c)) * scale_of(l, kv, page, h));
+        if constexpr (blocks) {  // each block's values; rotated: the row turned back by H (its own inverse)
+          const std::size_t first = out.size();
+          out.resize(first + static_cast<std::size_t>(dim));
+          for (index_t blk = 0; blk < pool.shape[3]; ++blk)
+            dequantize_block(reinterpret_cast<const stored_block_t<T>&>(pool(page, t % c_.page_size, h, blk)),
+                             out.data() + first + blk * per);
+          if constexpr (is_hadamard_rotated<T>) ops::hadamard_row(out.data() + first, dim);
+        } else {
+          for (index_t c = 0; c < dim; ++c)
+            out.push_back(to_float(pool(page, t % c_.page_size, h, c)) * scale_of(l, kv, page, h));
+        }
     }
     out.resize(std::max<std::size_t>(out.size(), 1));
     return out;
@@ -830,8 +908,8 @@ class Harness {
     const auto B = static_cast<index_t>(ids.size());
     const index_t l = in_.ConsumeIntegralInRange<index_t>(0, c_.num_layers - 1);
     const index_t H = c_.heads_kv * in_.ConsumeIntegralInRange<index_t>(1, 2), D = c_.head_dim, Dv = c_.head_dim_v;
-    // Q and O in T for a 16/32-bit cache (the kernel wants them alike), float for 8-bit.
-    using Q = std::conditional_t<quantized, float, T>;
+    // Q and O in T for a 16/32-bit cache (the kernel wants them alike), float for 8-bit and 4-bit.
+    using Q = std::conditional_t<converts, float, T>;
     std::vector<Q> q(static_cast<std::size_t>(B * H * D)), o(static_cast<std::size_t>(B * H * Dv), from_float<Q>(test::sentinel));
     std::vector<float> lse(static_cast<std::size_t>(B * H), test::sentinel);
     std::normal_distribution<float> normal;
@@ -847,13 +925,18 @@ class Harness {
     }
     say(std::string(c_.latent ? "forward_paged_mla" : "forward_paged") + " layer " + std::to_string(l) + " batch " +
         std::to_string(B) + " heads " + std::to_string(H) + " splits " + std::to_string(opt.num_splits));
-    if (c_.latent)
-      forward_paged_mla(make_bshd<const Q>(q.data(), B, 1, H, D), cache_.k_pages(l), tables.block_table_view(),
-                        tables.seqlens(), make_bshd(o.data(), B, 1, H, Dv), make_lse(lse.data(), B, H, 1), opt);
-    else
+    const auto both_pools = [&] {
       forward_paged(make_bshd<const Q>(q.data(), B, 1, H, D), cache_.k_pages(l), cache_.v_pages(l),
                     tables.block_table_view(), tables.seqlens(), make_bshd(o.data(), B, 1, H, Dv),
                     make_lse(lse.data(), B, H, 1), opt);
+    };
+    if constexpr (blocks)  // (never latent: forward_paged_mla takes no 4-bit pools)
+      both_pools();
+    else if (c_.latent)
+      forward_paged_mla(make_bshd<const Q>(q.data(), B, 1, H, D), cache_.k_pages(l), tables.block_table_view(),
+                        tables.seqlens(), make_bshd(o.data(), B, 1, H, Dv), make_lse(lse.data(), B, H, 1), opt);
+    else
+      both_pools();
     for (Q x : o) of.push_back(to_float(x));
     for (index_t b = 0; b < B; ++b) {
       const Sequence& s = seq(ids[static_cast<std::size_t>(b)]);
@@ -1006,8 +1089,8 @@ class Harness {
       StridedView<const S, 3> kv = k.layer(0), vv = v.layer(0);
       const RowFault rf = row_fault(fault_kind == 2, false, tokens);
       break_rows(rf, kv, vv, raw_v_.data());
-      PagePoolView<T> kp = make_page_pool(raw_k_.data(), raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim);
-      PagePoolView<T> vp = make_page_pool(raw_v_.data(), raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim_v);
+      PagePoolView<T> kp = make_page_pool(raw_k_.data(), raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim / per);
+      PagePoolView<T> vp = make_page_pool(raw_v_.data(), raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim_v / per);
       if (fault_kind == 3) {
         switch (in_.ConsumeIntegralInRange(0, 3)) {
           case 0: vp.shape[1] = c_.page_size + 1; break;  // page sizes differ
@@ -1017,8 +1100,8 @@ class Harness {
             break;
           case 2: vp.shape[0] = raw_pages_ + 1; break;    // page counts differ
           default:                                        // V's pages on K's (issue 27, N2)
-            if (c_.head_dim_v <= c_.head_dim) vp = {kp.data, {raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim_v}, kp.stride};
-            else kp = {vp.data, {raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim}, vp.stride};
+            if (c_.head_dim_v <= c_.head_dim) vp = {kp.data, {raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim_v / per}, kp.stride};
+            else kp = {vp.data, {raw_pages_, c_.page_size, c_.heads_kv, c_.head_dim / per}, vp.stride};
             break;
         }
       }
@@ -1076,6 +1159,11 @@ class Harness {
 
   /// The raw pool against the model: unwritten slots keep their zero bits.
   KV_CACHE_FUZZ_UNCOVERED void check_raw_pool(const std::string& what) const {
+    if constexpr (blocks) check_raw_blocks(what);
+    else check_raw_elements(what);
+  }
+
+  KV_CACHE_FUZZ_UNCOVERED void check_raw_elements(const std::string& what) const {
     for (int kv = 0; kv < 2; ++kv) {
       const std::vector<T>& pool = kv == 0 ? raw_k_ : raw_v_;
       const index_t dim = kv == 0 ? c_.head_dim : c_.head_dim_v;
@@ -1099,6 +1187,32 @@ class Harness {
                                 : ", never written"));
           }
         }
+      }
+    }
+  }
+
+  /// A 4-bit raw pool against the model: written slots hold the codec's blocks of the
+  /// model's rows, bitwise; unwritten ones their zero bits.
+  KV_CACHE_FUZZ_UNCOVERED void check_raw_blocks(const std::string& what) const
+    requires blocks
+  {
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<T>& pool = kv == 0 ? raw_k_ : raw_v_;
+      const index_t dim = kv == 0 ? c_.head_dim : c_.head_dim_v;
+      for (index_t slot = 0; slot < raw_pages_ * c_.page_size; ++slot) {
+        const Token& tok = raw_tokens_[static_cast<std::size_t>(slot)];
+        const auto stored = [&](index_t h, index_t blk) {
+          return pool[static_cast<std::size_t>((slot * c_.heads_kv + h) * (dim / per) + blk)];
+        };
+        const auto where = [&] { return what + ": raw pool slot " + std::to_string(slot) + (kv == 0 ? " K" : " V"); };
+        if (tok.written) {
+          check_blocks(kv == 0 ? tok.k : tok.v, dim, stored, where);
+          continue;
+        }
+        for (index_t h = 0; h < c_.heads_kv; ++h)
+          for (index_t blk = 0; blk < dim / per; ++blk)
+            if (!same_bits_of(stored(h, blk), T{}))
+              fail(where() + " head " + std::to_string(h) + " block " + std::to_string(blk) + ": never written, but changed");
       }
     }
   }
@@ -1207,10 +1321,69 @@ KV_CACHE_FUZZ_UNCOVERED std::string describe(const KvCacheConfig& c, Storage typ
   return s + (c.latent ? " latent" : "");
 }
 
+// ---- 4-bit caches (the 4-bit tag, file comment) ------------------------------------------
+
+enum class Block4 { q4_0, nvfp4, mxfp4, rotated_q4_0 };
+constexpr const char* block4_names[] = {"q4_0", "nvfp4", "mxfp4", "hadamard_rotated<q4_0>"};
+constexpr std::uint8_t four_bit_tag[4] = {'k', 'c', '4', 'b'};
+
+/// A 4-bit cache's config: as read_config's, but head_dim and head_dim_v whole blocks (1 to
+/// 3 of them; rotated: 1 or 2, powers of two), no scales, never latent.
+KvCacheConfig read_block_config(FuzzedDataProvider& in, Block4 type) {
+  const index_t values = type == Block4::nvfp4 ? nvfp4_block::values : q4_0_block::values;
+  const index_t most = type == Block4::rotated_q4_0 ? 2 : 3;
+  KvCacheConfig c;
+  c.num_layers = in.ConsumeIntegralInRange<index_t>(1, max_layers);
+  c.num_pages = in.ConsumeIntegralInRange<index_t>(1, max_pages);
+  c.page_size = in.ConsumeIntegralInRange<index_t>(1, max_page_size);
+  c.heads_kv = in.ConsumeIntegralInRange<index_t>(1, max_heads_kv);
+  c.head_dim = values * in.ConsumeIntegralInRange<index_t>(1, most);
+  c.head_dim_v = in.ConsumeBool() ? 0 : values * in.ConsumeIntegralInRange<index_t>(1, most);
+  c.layout = in.ConsumeBool() ? PageLayout::token_major : PageLayout::head_major;
+  return c;
+}
+
+/// One bad field of a 4-bit config: a head dim not whole blocks (rotated: not a power of
+/// two), latent (not for 4-bit caches yet), scales, or one of break_config's.
+bool break_block_config(FuzzedDataProvider& in, KvCacheConfig& c, Block4 type) {
+  const index_t values = type == Block4::nvfp4 ? nvfp4_block::values : q4_0_block::values;
+  switch (in.ConsumeIntegralInRange(0, 4)) {
+    case 0: c.head_dim += in.ConsumeIntegralInRange<index_t>(1, values - 1); return true;
+    case 1: c.head_dim_v = values * in.ConsumeIntegralInRange<index_t>(1, 2) - in.ConsumeIntegralInRange<index_t>(1, values - 1); return true;
+    case 2: c.latent = true; return true;
+    case 3:
+      if (type == Block4::rotated_q4_0) (in.ConsumeBool() ? c.head_dim : c.head_dim_v) = 3 * values;
+      else (in.ConsumeBool() ? c.k_scale : c.v_scale) = {1.0f};
+      return true;
+    default: return break_config(in, c, Storage::fp32);
+  }
+}
+
+/// An input after the 4-bit tag: the cache type from the byte after it, the rest decoded
+/// by its own provider as every other input is.
+void run_four_bit(Block4 type, const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
+  KvCacheConfig config = read_block_config(in, type);
+  const bool broken = in.ConsumeIntegralInRange(0, 15) == 0 && break_block_config(in, config, type);
+  say(std::string(block4_names[static_cast<int>(type)]) + " (4-bit tag) " +
+      describe(config, Storage::fp32).substr(std::string("float").size()) + (broken ? " (broken)" : ""));
+  switch (type) {
+    case Block4::q4_0: run<q4_0_block>(in, rng, config, broken); break;
+    case Block4::nvfp4: run<nvfp4_block>(in, rng, config, broken); break;
+    case Block4::mxfp4: run<mxfp4_block>(in, rng, config, broken); break;
+    case Block4::rotated_q4_0: run<hadamard_rotated<q4_0_block>>(in, rng, config, broken); break;
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   verbose = std::getenv("KV_CACHE_FUZZ_VERBOSE") != nullptr;
+  if (size >= 5 && std::memcmp(data, four_bit_tag, 4) == 0) {
+    run_four_bit(static_cast<Block4>(data[4] % 4), data + 5, size - 5);
+    return 0;
+  }
   FuzzedDataProvider in(data, size);
   std::mt19937 rng(in.ConsumeIntegral<std::uint32_t>());
   const auto type = static_cast<Storage>(in.ConsumeIntegralInRange(0, 4));
