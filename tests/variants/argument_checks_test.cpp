@@ -194,7 +194,7 @@ TEST(VarlenArguments, OutputsOverlappingCuSeqlens) {
   const auto cases = std::vector<std::tuple<const char*, bool, index_t>>{
       {"o", true, 0}, {"o", false, 200}, {"lse", true, 5}, {"lse", false, 0}};
   for (const auto& [output, is_q, at] : cases) {
-    SCOPED_TRACE(std::string(is_q ? "cu_seqlens_q" : "cu_seqlens_k") + " in " + output);
+    SCOPED_TRACE(detail::join({is_q ? "cu_seqlens_q" : "cu_seqlens_k", " in ", output}));
     VarlenProblem p({10, 0, 14}, {12, 5, 9}, 4, 2, 32, 105);
     float* const where = (std::string(output) == "o" ? p.o().data : p.lse().data) + at;
     const std::vector<std::int32_t>& cu = is_q ? p.cu_q() : p.cu_k();

@@ -107,6 +107,8 @@ template <int Imm>
 __m512 roundscale_ps(__m512 a) { return _mm512_maskz_roundscale_ps(0xFFFF, a, Imm); }
 template <int Imm>
 __m512 shuffle_f32x4(__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, Imm); }
+template <int Imm>
+__m512 shuffle_ps(__m512 a, __m512 b) { return _mm512_maskz_shuffle_ps(0xFFFF, a, b, Imm); }
 inline __m512 unpacklo_ps(__m512 a, __m512 b) { return _mm512_maskz_unpacklo_ps(0xFFFF, a, b); }
 inline __m512 unpackhi_ps(__m512 a, __m512 b) { return _mm512_maskz_unpackhi_ps(0xFFFF, a, b); }
 inline __m512d unpacklo_pd(__m512d a, __m512d b) { return _mm512_maskz_unpacklo_pd(0xFF, a, b); }
@@ -118,6 +120,8 @@ inline __m512i cvtepi8_epi32(__m128i a) { return _mm512_maskz_cvtepi8_epi32(0xFF
 inline __m512 cvtepi32_ps(__m512i a) { return _mm512_maskz_cvtepi32_ps(0xFFFF, a); }
 inline __m256i cvtepi32_epi16(__m512i a) { return _mm512_maskz_cvtepi32_epi16(0xFFFF, a); }
 inline __m512 cvtph_ps(__m256i a) { return _mm512_maskz_cvtph_ps(0xFFFF, a); }
+inline __m512i cvtepu8_epi32(__m128i a) { return _mm512_maskz_cvtepu8_epi32(0xFFFF, a); }
+inline __m512 permutexvar_ps(__m512i index, __m512 a) { return _mm512_maskz_permutexvar_ps(0xFFFF, index, a); }
 template <int Imm>
 __m256i cvtps_ph(__m512 a) { return _mm512_maskz_cvtps_ph(0xFFFF, a, Imm); }
 template <unsigned Imm>
@@ -362,10 +366,10 @@ inline void transpose_16x16(__m512 r[16]) {
   }
 #pragma GCC unroll 4
   for (int g = 0; g < 4; ++g) {  // r[4g + j], 128-bit lane L: rows 4g..4g+3 of column 4L + j
-    r[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-    r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-    r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-    r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    r[4 * g] = intrinsics::shuffle_ps<0x44>(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 1] = intrinsics::shuffle_ps<0xEE>(t[4 * g], t[4 * g + 2]);
+    r[4 * g + 2] = intrinsics::shuffle_ps<0x44>(t[4 * g + 1], t[4 * g + 3]);
+    r[4 * g + 3] = intrinsics::shuffle_ps<0xEE>(t[4 * g + 1], t[4 * g + 3]);
   }
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {  // gather the four row groups' lanes of each column
@@ -1067,7 +1071,7 @@ inline __m512 e2m1_nibbles() {
 }
 /// 16 bytes -> their low and high nibbles as 16 dword indices each.
 inline void nibble_indices(__m128i bytes, __m512i& low, __m512i& high) {
-  const __m512i w = _mm512_cvtepu8_epi32(bytes);
+  const __m512i w = intrinsics::cvtepu8_epi32(bytes);
   low = _mm512_and_si512(w, _mm512_set1_epi32(0xf));
   high = intrinsics::srli_epi32<4>(w);
 }
@@ -1086,8 +1090,8 @@ inline void dequantize_blocks(const q4_0_block* src, float* dst, index_t blocks)
     const __m512 table = _mm512_mul_ps(detail::q4_0_nibbles(), _mm512_set1_ps(block_scale(src[c])));
     __m512i low, high;  // q4_0: values 0..15 are the low nibbles, 16..31 the high ones
     detail::nibble_indices(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
-    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(low, table));
-    _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(high, table));
+    _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(low, table));
+    _mm512_storeu_ps(dst + 16, intrinsics::permutexvar_ps(high, table));
   }
 }
 
@@ -1096,8 +1100,8 @@ inline void dequantize_blocks(const mxfp4_block* src, float* dst, index_t blocks
     const __m512 table = _mm512_mul_ps(detail::e2m1_nibbles(), _mm512_set1_ps(block_scale(src[c])));
     __m512i low, high;
     detail::nibble_indices(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
-    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(detail::interleave_low_half(low, high), table));
-    _mm512_storeu_ps(dst + 16, _mm512_permutexvar_ps(detail::interleave_high_half(low, high), table));
+    _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(detail::interleave_low_half(low, high), table));
+    _mm512_storeu_ps(dst + 16, intrinsics::permutexvar_ps(detail::interleave_high_half(low, high), table));
   }
 }
 
@@ -1106,7 +1110,7 @@ inline void dequantize_blocks(const nvfp4_block* src, float* dst, index_t blocks
     const __m512 table = _mm512_mul_ps(detail::e2m1_nibbles(), _mm512_set1_ps(block_scale(src[c])));
     __m512i low, high;
     detail::nibble_indices(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
-    _mm512_storeu_ps(dst, _mm512_permutexvar_ps(detail::interleave_low_half(low, high), table));
+    _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(detail::interleave_low_half(low, high), table));
   }
 }
 
