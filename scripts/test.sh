@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/test.sh: builds everything (Release: tests, examples and benchmarks) in build-tests/
+# scripts/test.sh: builds everything (Release: tests, examples and benchmarks, warnings as
+# errors: the build is warning-free on g++ 12 and a warning there is a defect) in build-tests/
 # and the Python package (python/, in a virtual environment build-tests/python-venv), and runs
 # the whole ctest suite, the Python tests included; exits non-zero on any failure. Works from
 # any directory.
@@ -24,7 +25,7 @@ jobs="$(nproc)"
 generator=()
 [[ -f build-tests/CMakeCache.txt ]] || generator=(-G Ninja)
 cmake -S . -B build-tests "${generator[@]}" --log-level=NOTICE \
-  -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_BUILD_TYPE=Release -DTILEATTN_WERROR=ON \
   -DTILEATTN_BUILD_TESTS=ON \
   -DTILEATTN_BUILD_EXAMPLES=ON \
   -DTILEATTN_BUILD_BENCHMARKS=ON \
