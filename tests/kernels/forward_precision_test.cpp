@@ -40,8 +40,6 @@
 namespace tileattn::test {
 namespace {
 
-constexpr float inf = std::numeric_limits<float>::infinity();
-
 // ---- Cases ------------------------------------------------------------------------------------
 
 /// The score modifiers a case turns on; their values are drawn from the case's seed.
