@@ -227,8 +227,8 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   }
   switch (in.ConsumeIntegralInRange(0, 3)) {
     case 0: o.sram_budget_bytes = 0; break;
-    case 1: o.sram_budget_bytes = rows_budget(3, p.d, p.dv); break;
-    case 2: o.sram_budget_bytes = rows_budget(16, p.d, p.dv); break;
+    case 1: o.sram_budget_bytes = tileattn::test::rows_budget_any(3, p.d, p.dv); break;
+    case 2: o.sram_budget_bytes = tileattn::test::rows_budget_any(16, p.d, p.dv); break;
     default: o.sram_budget_bytes = in.ConsumeIntegralInRange<std::size_t>(0, 1u << 20); break;
   }
   const Backend backends[] = {Backend::automatic, Backend::serial, Backend::openmp, Backend::tbb};

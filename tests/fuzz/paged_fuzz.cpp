@@ -456,8 +456,8 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   p.budget_kind = in.ConsumeIntegralInRange(0, 3);
   switch (p.budget_kind) {
     case 0: o.sram_budget_bytes = 0; break;
-    case 1: o.sram_budget_bytes = rows_budget(3, p.d, p.dv); break;
-    case 2: o.sram_budget_bytes = rows_budget(16, p.d, p.dv); break;
+    case 1: o.sram_budget_bytes = tileattn::test::rows_budget_any(3, p.d, p.dv); break;
+    case 2: o.sram_budget_bytes = tileattn::test::rows_budget_any(16, p.d, p.dv); break;
     default: o.sram_budget_bytes = in.ConsumeIntegralInRange<std::size_t>(0, 1u << 20); break;
   }
   const Backend backends[] = {Backend::automatic, Backend::serial, Backend::openmp, Backend::tbb};
@@ -984,7 +984,7 @@ PagedPlan mismatched_plan(FuzzedDataProvider& in, const Problem& p, Call<T, KV> 
     case 2: o.window_left = o.window_left == 3 ? -1 : 3; what = "plan for another window"; break;
     case 3: o.alignment = o.alignment == MaskAlignment::top_left ? MaskAlignment::bottom_right : MaskAlignment::top_left;
             what = "plan for another alignment"; break;
-    case 4: o.sram_budget_bytes = o.sram_budget_bytes == 0 ? rows_budget(16, p.d, p.dv) : 0;
+    case 4: o.sram_budget_bytes = o.sram_budget_bytes == 0 ? tileattn::test::rows_budget_any(16, p.d, p.dv) : 0;
             what = "plan for another budget"; break;
     default: {
       // One sequence a key shorter (still within its pages); with a bias or mask, whose

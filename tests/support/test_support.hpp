@@ -48,6 +48,14 @@ inline std::size_t rows_budget(index_t rows, index_t d, index_t dv = 0, TileOper
   return forward_working_set_bytes(rows, forward_key_tile(shape), d, v, operands);
 }
 
+/// A budget that holds `rows` rows beside the key tiles of every operand layout this machine
+/// runs (fp32, bf16 pairs, and its bf16 one: panels where the set has them): for callers that
+/// draw one budget for any storage type (the fuzz harnesses).
+inline std::size_t rows_budget_any(index_t rows, index_t d, index_t dv = 0) {
+  return std::max({rows_budget(rows, d, dv), rows_budget(rows, d, dv, TileOperands::bf16_pairs),
+                   rows_budget(rows, d, dv, kernels::tile_operands_for<bf16, bf16>())});
+}
+
 /// rows_budget for the tiles the kernels hold for element types T and KV.
 template <class T, class KV = T>
 std::size_t rows_budget_for(index_t rows, index_t d, index_t dv = 0) {
