@@ -541,6 +541,16 @@ void make_latent(Problem& p) {
   p.vs = p.ks;
 }
 
+/// Q: N(0, 1) values for every element of the view, then the input's NaN/Inf poisoning.
+void draw_queries(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  p.qf.resize(static_cast<std::size_t>(view_batch(p) * p.nq * p.hq * p.d));
+  for (float& x : p.qf) x = normal(rng);
+  std::vector<std::size_t> all_q(p.qf.size());
+  std::iota(all_q.begin(), all_q.end(), std::size_t{0});
+  poison(in, p.qf, all_q);
+}
+
 void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
   p.kv = static_cast<KvType>(in.ConsumeIntegralInRange(0, 7));
   const int q_choice = in.ConsumeIntegralInRange(0, 2);
@@ -567,12 +577,7 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
     p.opts.k_scale = p.ks.view;
     p.opts.v_scale = p.vs.view;
   }
-  std::normal_distribution<float> normal;
-  p.qf.resize(static_cast<std::size_t>(view_batch(p) * p.nq * p.hq * p.d));
-  for (float& x : p.qf) x = normal(rng);
-  std::vector<std::size_t> all_q(p.qf.size());
-  std::iota(all_q.begin(), all_q.end(), std::size_t{0});
-  poison(in, p.qf, all_q);
+  draw_queries(in, p, rng);
   build_options(in, p, rng);
   for (Relayout& r : p.layout) r = relayout_of(in.ConsumeIntegral<std::uint8_t>());
   p.lse_layout = in.ConsumeIntegralInRange(0, 1);
@@ -1438,12 +1443,7 @@ void build_tree_problem(FuzzedDataProvider& in, Problem& p, TreeDraw& t, std::mt
   const int pick = in.ConsumeIntegralInRange(0, 5);
   t.block = pick < 5 ? blocks[pick] : BlockSize{in.ConsumeIntegralInRange<index_t>(1, 21), in.ConsumeIntegralInRange<index_t>(1, 70)};
   build_pages(in, p, rng);
-  std::normal_distribution<float> normal;
-  p.qf.resize(static_cast<std::size_t>(view_batch(p) * p.nq * p.hq * p.d));
-  for (float& x : p.qf) x = normal(rng);
-  std::vector<std::size_t> all_q(p.qf.size());
-  std::iota(all_q.begin(), all_q.end(), std::size_t{0});
-  poison(in, p.qf, all_q);
+  draw_queries(in, p, rng);
   build_options(in, p, rng);
   p.mask.reset();
   p.opts.mask = {};
