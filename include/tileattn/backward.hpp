@@ -117,15 +117,18 @@ BackwardParams<T> checked_backward_params(TensorView<const T> q, TensorView<cons
 /// 14000x on integer inputs.
 inline constexpr float exact_row_stats_lse = 256.0f;
 
-/// Whether some row's saved LSE is finite and at least exact_row_stats_lse in magnitude.
+/// Whether P may not be recomputed from this saved LSE: finite, at least
+/// exact_row_stats_lse in magnitude.
+inline bool large_lse(float lse) { return std::isfinite(lse) && std::abs(lse) >= exact_row_stats_lse; }
+
+/// Whether some row's saved LSE is large_lse.
 template <class T>
 bool needs_row_stats(const BackwardParams<T>& p) {
   for (index_t b = 0; b < p.batch(); ++b) {
     const SequenceRange seq = p.sequence(b);
     for (index_t h = 0; h < p.heads(); ++h)
       for (index_t i = 0; i < seq.q_len; ++i) {
-        const float lse = p.saved_lse(seq.view_batch, h, seq.q_start + i);
-        if (std::isfinite(lse) && std::abs(lse) >= exact_row_stats_lse) return true;
+        if (large_lse(p.saved_lse(seq.view_batch, h, seq.q_start + i))) return true;
       }
   }
   return false;
@@ -137,12 +140,24 @@ bool needs_row_stats(const BackwardParams<T>& p) {
 /// keeps the backward's gradients the same bits for every budget. Its working set (at most
 /// ~1.3 MB at head_dim 1024) may exceed a budget set below it: this rare path's only excess.
 template <class T>
-TilePlan row_stats_plan(const BackwardParams<T>& p, index_t max_seqlen_q) {
+TilePlan row_stats_plan(const ForwardParams<T>& p, index_t max_seqlen_q) {
   constexpr index_t key_tile = 64, query_tile = 64;
   const index_t positions = std::clamp<index_t>(max_seqlen_q, 1, query_tile);
   const TileOperands operands = kernels::tile_operands_for<T>();
   const std::size_t bytes = forward_working_set_bytes(positions, key_tile, p.head_dim(), p.head_dim_v(), operands);
   return {positions, key_tile, 1, bytes, bytes, operands == TileOperands::bf16_panels};
+}
+
+/// The forward of f on row_stats_plan's tiles, its O into f.o (a scratch the caller gives),
+/// each row's final statistics into f.row_max and f.row_sum; the IO it counted (none
+/// unless count_io). Also how distributed/ring.hpp recomputes one pair's statistics.
+template <class T, class Scores>
+IoCounts forward_row_stats(const ForwardParams<T>& f, index_t max_seqlen_q, const Execution& exec, bool count_io,
+                           const Scores& scores) {
+  const TilePlan plan = row_stats_plan(f, max_seqlen_q);
+  if (count_io) return kernels::run_forward<CountingIo>(f, plan, exec, scores);
+  kernels::run_forward<NoIoCounting>(f, plan, exec, scores);
+  return {};
 }
 
 /// The forward's final row statistics of every row, recomputed by running the forward again
@@ -171,9 +186,7 @@ RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_s
   f.lse = {};
   f.row_max = {r.max.data(), r.shape, r.stride};
   f.row_sum = {r.sum.data(), r.shape, r.stride};
-  const TilePlan plan = row_stats_plan(p, max_seqlen_q);
-  if (options.io_counts) r.io = kernels::run_forward<CountingIo>(f, plan, options.execution, scores);
-  else kernels::run_forward<NoIoCounting>(f, plan, options.execution, scores);
+  r.io = forward_row_stats(f, max_seqlen_q, options.execution, options.io_counts != nullptr, scores);
   return r;
 }
 
@@ -189,13 +202,14 @@ inline BackwardTilePlan call_tiles(const BackwardShape& shape, const ForwardOpti
 
 /// The checks both entry points share once the params are built, then the run with the
 /// score modifiers of `scores` (ops::BuiltinScores, or flex.hpp's). Where a saved LSE is
-/// large (needs_row_stats) and covers just these keys, P comes from the forward's row
-/// statistics, recomputed; ring attention's per-step calls, whose LSE covers keys on other
-/// ranks too, pass lse_of_these_keys = false and keep the saved LSE.
+/// large (needs_row_stats) and covers just these keys (wider == nullptr), P comes from the
+/// forward's row statistics, recomputed. Ring attention's per-pair calls, whose LSE covers
+/// keys on other ranks too, pass `wider`: the row statistics over all those keys (the
+/// ring recomputes them where some LSE is large), or empty ones to use the saved LSE.
 template <class T, class Scores>
 void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, index_t max_seqlen_k,
-                            const BackwardOptions& options, const Scores& scores, bool lse_of_these_keys = true,
-                            const BackwardPlan* given = nullptr) {
+                            const BackwardOptions& options, const Scores& scores,
+                            const kernels::SavedRowStats* wider = nullptr, const BackwardPlan* given = nullptr) {
   check_backward_params(p, max_seqlen_q, max_seqlen_k, options);
   scores.check(p, max_seqlen_q, max_seqlen_k);
   const BackwardTilePlan plan =
@@ -209,8 +223,8 @@ void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, in
           for (index_t j = 0; j < g.shape[3]; ++j) g(b, h, i, j) = 0.0f;
   }
   RecomputedRowStats stats;
-  if (lse_of_these_keys && needs_row_stats(p)) stats = recompute_row_stats(p, max_seqlen_q, options, scores);
-  const kernels::SavedRowStats saved = stats.max.empty() ? kernels::SavedRowStats{} : stats.view();
+  if (!wider && needs_row_stats(p)) stats = recompute_row_stats(p, max_seqlen_q, options, scores);
+  const kernels::SavedRowStats saved = wider ? *wider : stats.max.empty() ? kernels::SavedRowStats{} : stats.view();
   if (options.io_counts) {
     *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution, scores, saved);
     *options.io_counts += stats.io;
@@ -223,20 +237,21 @@ template <class T, class Scores>
 void backward_scored(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
                      SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
                      TensorView<T> dv, const BackwardOptions& options, const Scores& scores,
-                     bool lse_of_these_keys = true, const BackwardPlan* plan = nullptr) {
+                     const kernels::SavedRowStats* wider = nullptr, const BackwardPlan* plan = nullptr) {
   check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
   check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
-  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores, lse_of_these_keys, plan);
+  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores, wider, plan);
 }
 
-/// backward() with its types resolved; lse_of_these_keys as check_and_run_backward's; plan:
+/// backward() with its types resolved; wider as check_and_run_backward's; plan:
 /// the caller's (nullptr: planned here).
 template <class T>
 void backward(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
               SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk, TensorView<T> dv,
-              const BackwardOptions& options, bool lse_of_these_keys, const BackwardPlan* plan = nullptr) {
-  backward_scored(q, k, v, o, lse, dout, dq, dk, dv, options, ops::BuiltinScores{}, lse_of_these_keys, plan);
+              const BackwardOptions& options, const kernels::SavedRowStats* wider = nullptr,
+              const BackwardPlan* plan = nullptr) {
+  backward_scored(q, k, v, o, lse, dout, dq, dk, dv, options, ops::BuiltinScores{}, wider, plan);
 }
 
 template <class T, class Scores>
@@ -285,7 +300,7 @@ void backward(const TensorView<Q>& q, const TensorView<K>& k, const TensorView<V
               SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq, const TensorView<DK>& dk,
               const TensorView<DV>& dv, const BackwardOptions& options = {}) {
   if constexpr (detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>())
-    detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true);
+    detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options);
 }
 
 /// backward() with a plan from plan_backward (checked against the call).
@@ -294,7 +309,7 @@ void backward(const BackwardPlan& plan, const TensorView<Q>& q, const TensorView
               const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout, const TensorView<DQ>& dq,
               const TensorView<DK>& dk, const TensorView<DV>& dv, const BackwardOptions& options = {}) {
   if constexpr (detail::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>()) {
-    detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, true, &plan);
+    detail::backward<DQ>(q, k, v, o, lse, dout, dq, dk, dv, options, nullptr, &plan);
   }
 }
 
@@ -329,7 +344,8 @@ void backward_varlen(const PackedView<Q>& q, const PackedView<K>& k, const Packe
       tileattn::TensorView<const T>, tileattn::TensorView<const T>, tileattn::TensorView<const T>,     \
       tileattn::TensorView<const T>, tileattn::SavedLseView, tileattn::TensorView<const T>,            \
       tileattn::TensorView<T>, tileattn::TensorView<T>, tileattn::TensorView<T>,                       \
-      const tileattn::BackwardOptions&, bool, const tileattn::BackwardPlan*);                          \
+      const tileattn::BackwardOptions&, const tileattn::kernels::SavedRowStats*,                       \
+      const tileattn::BackwardPlan*);                                                                  \
   KEYWORD template void tileattn::detail::backward_varlen<T>(                                          \
       tileattn::PackedView<const T>, tileattn::PackedView<const T>, tileattn::PackedView<const T>,     \
       tileattn::PackedView<const T>, tileattn::SavedPackedLseView, tileattn::PackedView<const T>,      \

@@ -27,6 +27,12 @@ using tileattn::detail::backward;
 using tileattn::detail::forward;
 using tileattn::detail::merge_states;
 
+// The backward's exact path for large scores: which saved LSE is too coarse to recompute P
+// from, and the forward that gives the row statistics instead (distributed/ring.hpp runs
+// it per chunk pair).
+using tileattn::detail::forward_row_stats;
+using tileattn::detail::large_lse;
+
 // The softmax scale forward() uses when the options leave it unset (1 / sqrt(head_dim)).
 using tileattn::detail::default_scale;
 

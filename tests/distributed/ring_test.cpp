@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/backward_rule.hpp"
 #include "support/backward_support.hpp"
 #include "support/naive_same_precision.hpp"
 #include "support/shard_rows.hpp"
@@ -308,6 +309,81 @@ TEST(Ring, LargeBf16WithinFlashAttentionsRule) {
                [](ForwardOptions& o) { o.causal = true; }}});
 }
 
+// Large scores (integer Q and K, near one-hot rows, LSEs of 1e3 to 3e4): one float LSE per
+// pair would make its rounding (|LSE| 2^-24) each pair's relative weight error in the
+// forward's merge and P's relative error in the backward, so the ring merges each pair's
+// max and sum kept apart and the backward recomputes the row statistics over every rank's
+// keys (one more forward pass). ring_fuzz found it (Q 1234.5 everywhere: dV 3000x the naive
+// float error); before the fix dV here was 300 to 10000x the single process's error.
+// O and dV (sums of P times values, no cancellation) are held to FlashAttention's rule;
+// dQ and dK, where P (dP - D) cancels to nearly nothing and the naive backward is exact by
+// luck (P = 1, D = dP bit for bit), to the rule plus backward_fuzz.cpp's floor for the
+// rounding of the terms that cancelled (support/backward_rule.hpp, cancelling_terms).
+template <class T>
+void check_large_scores(double magnitude, bool sink_and_softcap, Sharding sharding, std::uint64_t seed) {
+  SCOPED_TRACE("scores near " + std::to_string(magnitude) + " in " + std::string(type_name<T>()) +
+               (sink_and_softcap ? " with a sink and a softcap" : "") + ", " + std::to_string(world_size()) + " ranks");
+  const ProblemShape s{2, 77, 77, 2, 1, 32, 32};
+  BackwardProblem<T> full(s, seed);
+  BackwardOptions opt;
+  opt.causal = sharding == Sharding::zigzag;
+  opt.softmax_scale = large_score_inputs(full, magnitude, seed);
+  const std::vector<float> sink_values{static_cast<float>(magnitude * 0.9), -1.0f};
+  std::vector<float> dsinks(2, sentinel);
+  if (sink_and_softcap) {
+    opt.softcap = static_cast<float>(2.0 * magnitude);
+    opt.sinks = sink_values;
+  }
+  const reference::Options ref_opt = reference::Options::from(opt);
+  reference::AttentionResult ref_o;
+  reference::BackwardResult ref;
+  reference::NaiveBackwardF naive;
+  if (world_rank() == 0) {
+    if constexpr (std::is_same_v<T, float>) ref_o = reference::attention<T>(full.qv, full.kv, full.vv, ref_opt);
+    ref = full.reference(ref_opt);
+    naive = full.naive(ref_opt);
+  }
+  broadcast(ref_o.o);
+  broadcast(ref);
+  broadcast(naive);
+  RingShard<T> mine(full, ShardLayout(s.seqlen_q, world_size(), sharding));
+  mine.forward(MPI_COMM_WORLD, opt);
+  if (sink_and_softcap) opt.dsinks = dsinks;
+  mine.backward(MPI_COMM_WORLD, opt);
+  const auto floats = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  const auto naive_rows = [&](const std::vector<float>& x, index_t heads, index_t dim) {
+    return floats(mine.rows_of(x, heads, dim));
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    // O: the exact merge leaves the ring within a few roundings of the reference (the
+    // rule's 2x naive is no use here: a naive float O of a one-hot row is exact).
+    const GradError eo = grad_error(mine.o, mine.rows_of(ref_o.o, s.heads, s.head_dim_v), "o");
+    EXPECT_EQ(eo.problem, "");
+    EXPECT_LE(eo.max_error, 1e-5 * eo.magnitude) << "o, magnitude " << eo.magnitude;
+  }
+  expect_within_rule<T>(RingShard<T>::floats(mine.dv), mine.rows_of(ref.dv, s.heads_kv, s.head_dim_v),
+                        naive_rows(naive.dv, s.heads_kv, s.head_dim_v), "dv", false);
+  CancellingTerms terms;
+  if (world_rank() == 0) terms = cancelling_terms(full, ref_opt, *opt.softmax_scale);
+  broadcast(terms.dq);
+  broadcast(terms.dk);
+  expect_within_rule_and_floor<T>(RingShard<T>::floats(mine.dq), mine.rows_of(ref.dq, s.heads, s.head_dim),
+                                  naive_rows(naive.dq, s.heads, s.head_dim), mine.rows_of(terms.dq, s.heads, s.head_dim),
+                                  "dq");
+  expect_within_rule_and_floor<T>(RingShard<T>::floats(mine.dk), mine.rows_of(ref.dk, s.heads_kv, s.head_dim),
+                                  naive_rows(naive.dk, s.heads_kv, s.head_dim),
+                                  mine.rows_of(terms.dk, s.heads_kv, s.head_dim), "dk");
+  if (sink_and_softcap) expect_within_rule<T>(dsinks, ref.dsinks, naive.dsinks, "dsinks", false);
+}
+
+TEST(Ring, LargeScoresKeepTheRule) {
+  check_large_scores<float>(1e3, false, Sharding::zigzag, 40);
+  check_large_scores<float>(1e4, false, Sharding::zigzag, 41);
+  check_large_scores<float>(3e4, false, Sharding::contiguous, 44);
+  check_large_scores<bf16>(1e4, false, Sharding::zigzag, 42);
+  check_large_scores<float>(1e4, true, Sharding::zigzag, 47);
+}
+
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
@@ -514,6 +590,7 @@ TEST(Ring, ErrorsAreCollectiveAndWriteNothing) {
 // Every rank runs every test; rank 0 prints, and all ranks return the same verdict. With
 // RING_TEST_MPI_THREAD=serialized, MPI allows the ring's progress thread, so the transfers
 // move on it rather than between kernels (both paths are registered with ctest).
+// RING_TEST_ALL_PRINT=1 (mpirun -x) lets every rank print its failures, not rank 0 alone.
 int main(int argc, char** argv) {
   const char* level = std::getenv("RING_TEST_MPI_THREAD");
   const bool serialized = level && std::string(level) == "serialized";
@@ -524,7 +601,7 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   ::testing::InitGoogleTest(&argc, argv);
-  if (tileattn::test::world_rank() != 0) {
+  if (tileattn::test::world_rank() != 0 && !std::getenv("RING_TEST_ALL_PRINT")) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
   }

@@ -28,6 +28,7 @@
 
 #include "support/flex_support.hpp"
 #include "reference/naive_flex.hpp"
+#include "support/backward_rule.hpp"
 #include "support/backward_support.hpp"
 
 namespace tileattn::test {
@@ -102,35 +103,12 @@ void run_flex_backward(BackwardProblem<T>& p, const ScoreMod& score_mod, const M
   backward_flex(c(p.qv), c(p.kv), c(p.vv), c(p.ov), p.lse_view(), c(p.dov), p.dqv, p.dkv, p.dvv, score_mod, mask, opts);
 }
 
-/// Half the distance between 1 and the next value of T.
-template <class T>
-double unit_roundoff() {
-  return std::is_same_v<T, bf16> ? 1.0 / 256 : std::is_same_v<T, fp16> ? 1.0 / 2048 : 0x1p-24;
-}
-
-/// backward_test.cpp's check of one gradient: the rule against the naive same-precision
-/// backward, and for fp32 a tight 2e-5 of the magnitude.
-template <class T, class Want>
-void expect_grad(const std::vector<float>& got, const std::vector<Want>& want, const std::vector<float>& naive_got,
-                 const std::string& name) {
-  const GradError e = grad_error(got, want, name);
-  const GradError n = grad_error(naive_got, want, name + " (naive)");
-  EXPECT_EQ(e.problem, "");
-  const double rounding = std::is_same_v<T, float> ? 0.0 : unit_roundoff<T>() * e.magnitude;
-  const double bound = 3.0 * std::max(n.max_error, rounding) + 2e-4 * e.magnitude;
-  EXPECT_LE(e.max_error, bound) << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
-  if constexpr (std::is_same_v<T, float>) {
-    EXPECT_LE(e.max_error, 2e-5 * std::max(e.magnitude, 1e-3)) << name << ", magnitude " << e.magnitude;
-  }
-  EXPECT_GT(e.magnitude, 0.0) << name << " is all zeros: the check cannot fail";
-}
-
 template <class T>
 void expect_grads(const BackwardProblem<T>& p, const reference::BackwardResult& ref,
                   const reference::NaiveBackwardF& naive) {
-  expect_grad<T>(p.grad_q(), ref.dq, naive.dq, "dq");
-  expect_grad<T>(p.grad_k(), ref.dk, naive.dk, "dk");
-  expect_grad<T>(p.grad_v(), ref.dv, naive.dv, "dv");
+  expect_within_rule<T>(p.grad_q(), ref.dq, naive.dq, "dq");
+  expect_within_rule<T>(p.grad_k(), ref.dk, naive.dk, "dk");
+  expect_within_rule<T>(p.grad_v(), ref.dv, naive.dv, "dv");
 }
 
 /// Block sizes for check_backward: BlockSizes runs the bare mask_mod and then block masks of

@@ -20,7 +20,9 @@
 // takes (causal, windows as window_side draws them, up to INT64_MAX; softcap 0, 5, 30;
 // a softmax scale or the default; ALiBi slopes per head; sinks, some -inf), execution
 // (backend, 0 to 2 threads), whether ring::backward follows the forward (with dsinks where
-// there are sinks), and one bad argument or none (layout of another rank count or seqlen
+// there are sinks), Q scaled by 256 one time in eight (exact: a power of two; scores in the
+// hundreds, LSEs past exact_row_stats_lse, where the backward must take P from the row
+// statistics over every rank's keys, not from the float LSE), and one bad argument or none (layout of another rank count or seqlen
 // 0, bias, mask, diagonal_offset, attention_chunk, softcap inf, num_threads, a sink count,
 // Q one row short on the last rank, softmax_scale -1 on the last rank only, causal,
 // heads_kv or window_left differing on the last rank), applied to the forward, or to the
@@ -31,14 +33,13 @@
 // LSE, dQ, dK, dV, dsinks) bitwise its sentinel on every rank; a valid call must succeed on
 // every rank. Each rank's shard of O, LSE, dQ, dK, dV (and dsinks, summed over the ring)
 // is held to the double-precision reference of the whole unsharded sequence
-// (tests/reference, the inputs N(0, 1)): float within 1e-4 x max(1, max|reference|) on each
-// output, the forward's 1e-4 with forward_fuzz's margin for wider options (the ring merges P partial
-// states and sums P partial gradients where one process runs one online softmax;
-// tests/distributed/ring_test.cpp holds its configurations to 2e-5); bf16 under
-// FlashAttention's rule as ring_test.cpp applies it, against a naive bf16 attention on the
-// same (rounded) inputs: O and LSE 2x, gradients 3x the naive error, plus 1e-4 x max(1,
-// max|reference|) (the ring rounds every partial O and gradient to bf16 before its fp32
-// merge); on O, or 1e-4 + 2^-7 max|V| where that is larger (each pair rounds P and its
+// (tests/reference, the inputs N(0, 1), Q maybe x 256) under FlashAttention's rule, against
+// a naive attention in the same precision on the same (rounded) inputs: O and LSE 2x,
+// gradients 3x the naive error, plus 1e-4 x max(1, max|reference|) (the forward's 1e-4 with
+// forward_fuzz's margin for wider options: the ring merges P partial states and sums P
+// partial gradients where one process runs one online softmax, and a bf16 ring rounds every
+// partial O and gradient to bf16 before its fp32 merge; tests/distributed/ring_test.cpp
+// holds its float configurations to 2e-5); bf16 on O, or 1e-4 + 2^-7 max|V| where that is larger (each pair rounds P and its
 // partial O to bf16, the merge in fp32, O rounded once more: 2^-8 + 2^-9 + 2^-9 of max|V|;
 // with few keys a naive bf16 attention's error can be far smaller than that); on dsinks
 // 2^-7 x max(1, max|reference|) more (the ring's D_i = dO_i . O_i reads the bf16 O). Non-finite entries must sit where the reference has them. Anything else aborts.
@@ -129,6 +130,7 @@ struct Input {
   BackwardOptions opts;
   std::vector<float> slopes, sinks;
   Bad bad = Bad::none;
+  bool large_scores = false;  // Q x 256
 };
 
 Input decode(FuzzedDataProvider& in) {
@@ -166,6 +168,7 @@ Input decode(FuzzedDataProvider& in) {
   o.execution = {backend, in.ConsumeIntegralInRange(0, 2)};
   const int bad = in.ConsumeIntegralInRange(0, 2 * static_cast<int>(Bad::count));  // none about half the time
   x.bad = bad < static_cast<int>(Bad::count) ? static_cast<Bad>(bad) : Bad::none;
+  x.large_scores = in.ConsumeIntegralInRange(0, 7) == 7;
   return x;
 }
 
@@ -180,7 +183,8 @@ std::string describe(const Input& x) {
          std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
          " alibi " + std::to_string(x.slopes.size()) + " sinks " + std::to_string(x.sinks.size()) + " " +
          to_string(o.execution.backend) + " x " + std::to_string(o.execution.num_threads) +
-         (x.backward ? " forward+backward" : " forward") + " bad: " + bad_names[static_cast<int>(x.bad)];
+         (x.backward ? " forward+backward" : " forward") + (x.large_scores ? " Q x 256" : "") + " bad: " +
+         bad_names[static_cast<int>(x.bad)];
 }
 
 // ---- A rank's shard ----------------------------------------------------------------------------
@@ -350,13 +354,10 @@ void check_results(const Input& x, const BackwardProblem<T>& full, Shard<T>& m, 
     double factor;  // bf16: the naive error's multiple
   };
   std::vector<Out> outs;
-  std::vector<float> naive_o, naive_lse;
-  if constexpr (!is_float) {
-    naive_o.resize(static_cast<std::size_t>(s.batch * s.seqlen_q * s.heads * s.head_dim_v));
-    naive_lse.resize(static_cast<std::size_t>(s.batch * s.heads * s.seqlen_q));
-    test::naive_same_precision<T>(qv, kv, vv, ref_opt, make_bshd(naive_o.data(), s.batch, s.seqlen_q, s.heads, s.head_dim_v),
-                                  make_lse(naive_lse.data(), s.batch, s.heads, s.seqlen_q));
-  }
+  std::vector<float> naive_o(static_cast<std::size_t>(s.batch * s.seqlen_q * s.heads * s.head_dim_v)),
+      naive_lse(static_cast<std::size_t>(s.batch * s.heads * s.seqlen_q));
+  test::naive_same_precision<T>(qv, kv, vv, ref_opt, make_bshd(naive_o.data(), s.batch, s.seqlen_q, s.heads, s.head_dim_v),
+                                make_lse(naive_lse.data(), s.batch, s.heads, s.seqlen_q));
   double max_v = 0.0;  // over the whole sequence's V (finite: N(0, 1))
   for (float x : vf) max_v = std::max(max_v, static_cast<double>(std::abs(x)));
   std::vector<float> o_got = Shard<T>::floats(m.o);
@@ -365,15 +366,14 @@ void check_results(const Input& x, const BackwardProblem<T>& full, Shard<T>& m, 
     for (float& v : o_got) v *= 1.001f;
 #endif
   outs.push_back({"o", o_got, m.rows_of(ref.o, s.heads, s.head_dim_v),
-                  is_float ? std::vector<double>{} : m.rows_of(naive_o, s.heads, s.head_dim_v), 2.0});
-  outs.push_back({"lse", m.lse, m.lse_rows_of(ref.lse), is_float ? std::vector<double>{} : m.lse_rows_of(naive_lse), 2.0});
+                  m.rows_of(naive_o, s.heads, s.head_dim_v), 2.0});
+  outs.push_back({"lse", m.lse, m.lse_rows_of(ref.lse), m.lse_rows_of(naive_lse), 2.0});
   std::vector<double> ref_dsinks, naive_dsinks;
   if (x.backward) {
     const reference::BackwardResult g = full.reference(ref_opt);
-    reference::NaiveBackwardF naive;
-    if constexpr (!is_float) naive = full.naive(ref_opt);
+    const reference::NaiveBackwardF naive = full.naive(ref_opt);
     const auto naive_rows = [&](const std::vector<float>& v, index_t heads, index_t dim) {
-      return is_float ? std::vector<double>{} : m.rows_of(v, heads, dim);
+      return m.rows_of(v, heads, dim);
     };
     outs.push_back({"dq", Shard<T>::floats(m.dq), m.rows_of(g.dq, s.heads, s.head_dim),
                     naive_rows(naive.dq, s.heads, s.head_dim), 3.0});
@@ -383,7 +383,7 @@ void check_results(const Input& x, const BackwardProblem<T>& full, Shard<T>& m, 
                     naive_rows(naive.dv, s.heads_kv, s.head_dim_v), 3.0});
     if (!x.sinks.empty())
       outs.push_back({"dsinks", m.dsinks, std::vector<double>(g.dsinks.begin(), g.dsinks.end()),
-                      is_float ? std::vector<double>{} : std::vector<double>(naive.dsinks.begin(), naive.dsinks.end()),
+                      std::vector<double>(naive.dsinks.begin(), naive.dsinks.end()),
                       3.0});
   } else if (!fuzz::all_bits_equal(m.dq, from_float<T>(sentinel)) || !fuzz::all_bits_equal(m.dsinks, sentinel)) {
     failure("the forward wrote gradients\n  " + describe(x));
@@ -394,12 +394,12 @@ void check_results(const Input& x, const BackwardProblem<T>& full, Shard<T>& m, 
       failure("differs from the reference: " + e.problem + "\n  " + describe(x));
       continue;
     }
-    double bound = 1e-4 * std::max(e.magnitude, 1.0);
-    double naive_error = 0.0;
+    // FlashAttention's rule for every type: the naive same-precision error times the
+    // output's factor, plus 1e-4 x max(1, max|reference|).
+    const GradError n = test::grad_error(std::vector<float>(out.naive.begin(), out.naive.end()), out.want, "naive");
+    const double naive_error = n.max_error;
+    double bound = 1e-4 * std::max(e.magnitude, 1.0) + out.factor * naive_error;
     if (!is_float) {
-      const GradError n = test::grad_error(std::vector<float>(out.naive.begin(), out.naive.end()), out.want, "naive");
-      naive_error = n.max_error;
-      bound += out.factor * naive_error;
       // O: or the rounding the ring adds, whichever is larger: each pair rounds P (2^-8 of
       // max|V|) and its partial O (2^-9) to bf16, the merge weights sum to 1, and O is
       // rounded once more (2^-9): 2^-7 max|V|.
@@ -420,7 +420,9 @@ void check_results(const Input& x, const BackwardProblem<T>& full, Shard<T>& m, 
 /// One input on the ring `comm` (this rank is `rank` of it).
 template <class T>
 void run_on_ring(MPI_Comm comm, int rank, const Input& x, Failure& failure) {
-  const BackwardProblem<T> full(x.shape, 1 + x.seed);
+  BackwardProblem<T> full(x.shape, std::uint64_t{x.seed} + 1);  // seed 0 would make Q the sentinel
+  if (x.large_scores)
+    for (T& e : full.q) e = from_float<T>(to_float(e) * 256.0f);
   const ShardLayout layout(x.shape.seqlen_q, x.ranks, x.sharding);
   Shard<T> m(full, layout, rank);
   const bool on_last = rank == x.ranks - 1;

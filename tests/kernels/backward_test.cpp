@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "support/backward_rule.hpp"
 #include "support/backward_support.hpp"
 
 namespace tileattn::test {
@@ -75,31 +76,6 @@ void add_mask(BackwardOptions& o, Extras& x, const ProblemShape& s) {
   o.mask = {reinterpret_cast<const bool*>(x.mask.data()),
             {s.batch, s.heads, s.seqlen_q, s.seqlen_k},
             {s.heads * s.seqlen_q * s.seqlen_k, s.seqlen_q * s.seqlen_k, s.seqlen_k, 1}};
-}
-
-/// Half the distance between 1 and the next value of T.
-template <class T>
-double unit_roundoff() {
-  return std::is_same_v<T, bf16> ? 1.0 / 256 : std::is_same_v<T, fp16> ? 1.0 / 2048 : 0x1p-24;
-}
-
-/// FlashAttention's rule for one gradient: error <= 3 x the naive same-precision backward's
-/// + 2e-4, relative to the gradient's magnitude; in fp32 also under 2e-5 where `tight`.
-template <class T>
-void expect_within_rule(const std::vector<float>& got, const std::vector<double>& want,
-                        const std::vector<float>& naive_got, const std::string& name, bool tight = true) {
-  const GradError e = grad_error(got, want, name);
-  const GradError n = grad_error(naive_got, want, name + " (naive)");
-  EXPECT_EQ(e.problem, "");
-  // A naive error below one rounding to T (a tiny gradient such as a one-row dsinks can
-  // round luckily) is taken as one rounding: no implementation that stores O in T does better.
-  const double rounding = std::is_same_v<T, float> ? 0.0 : unit_roundoff<T>() * e.magnitude;
-  const double bound = 3.0 * std::max(n.max_error, rounding) + 2e-4 * e.magnitude;
-  EXPECT_LE(e.max_error, bound) << name << ": naive " << n.max_error << ", magnitude " << e.magnitude;
-  if (std::is_same_v<T, float> && tight) {
-    EXPECT_LE(e.max_error, 2e-5 * std::max(e.magnitude, 1e-3)) << name << ", magnitude " << e.magnitude;
-  }
-  EXPECT_GT(e.magnitude, 0.0) << name << " is all zeros: the check cannot fail";
 }
 
 template <class T>
@@ -209,22 +185,11 @@ void check_large_scores(double magnitude, bool sink_and_softcap, std::uint64_t s
                (sink_and_softcap ? " with a sink and a softcap" : ""));
   const ProblemShape s{1, 77, 130, 2, 1, 32, 32};
   BackwardProblem<T> p(s, seed);
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> pick(-16, 16);
-  for (auto* x : {&p.q, &p.k})
-    for (T& e : *x) e = from_float<T>(static_cast<float>(pick(rng)));
-  double max_dot = 0.0;
-  for_each_index(p.qv.shape, [&](index_t, index_t i, index_t h, index_t) {
-    for (index_t j = 0; j < s.seqlen_k; ++j) {
-      double dot = 0.0;
-      for (index_t c = 0; c < s.head_dim; ++c) dot += double(to_float(p.qv(0, i, h, c))) * to_float(p.kv(0, j, 0, c));
-      max_dot = std::max(max_dot, std::abs(dot));
-    }
-  });
+  const float scale = large_score_inputs(p, magnitude, seed);
   BackwardOptions opts;
   Extras extras;
   opts.causal = true;
-  opts.softmax_scale = static_cast<float>(magnitude / max_dot);
+  opts.softmax_scale = scale;
   if (sink_and_softcap) {
     opts.softcap = static_cast<float>(2.0 * magnitude);
     extras.sinks = {static_cast<float>(magnitude * 0.9), -1.0f};

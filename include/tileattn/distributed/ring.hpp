@@ -12,9 +12,12 @@
 // moving during the compute; otherwise they move between kernels). A step runs the
 // single-process kernel on each (query chunk, key chunk) pair that any query can see, with
 // ScoreOptions::diagonal_offset = the chunks' position difference, so causal, window and
-// ALiBi see global positions; the sink joins the local diagonal pair only. Partial states merge exactly by log-sum-exp in a fixed order (step,
-// then chunk pair): results do not depend on timing and are the same bits on every run.
-// Backward: the same ring; dQ accumulates locally, dK/dV accumulate in fp32 buffers that
+// ALiBi see global positions; the sink joins the local diagonal pair only. Each pair's
+// state (its O and each row's max score and sum, kept apart as split-KV keeps them) merges
+// exactly in a fixed order (step, then chunk pair): results do not depend on timing and are
+// the same bits on every run.
+// Backward: the same ring (after one more forward pass where some LSE is so large that its
+// rounding would spoil P: the row statistics over every rank's keys); dQ accumulates locally, dK/dV accumulate in fp32 buffers that
 // travel with their K/V block and come home after P shifts, summed in ring order; dsinks
 // are summed over ranks in rank order.
 //
@@ -32,6 +35,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -42,7 +46,8 @@
 #include "tileattn/distributed/ring_comm.hpp"
 #include "tileattn/distributed/shard.hpp"
 #include "tileattn/forward.hpp"
-#include "tileattn/merge_states.hpp"
+#include "tileattn/ops/merge_states.hpp"
+#include "tileattn/ops/online_softmax.hpp"
 
 namespace tileattn::ring {
 
@@ -148,24 +153,6 @@ void add_into(const TensorView<float>& acc, const TensorView<T>& part, const Exe
   });
 }
 
-/// (acc, acc_lse) = the merge of (acc, acc_lse) and one pair's state (o_c, lse_c), in that
-/// order, through merge_states (the split-KV merge); a T state is widened to float first.
-template <class T>
-void merge_into(const TensorView<float>& acc, const StridedView<float, 3>& acc_lse, const TensorView<T>& o_c,
-                const StridedView<float, 3>& lse_c, std::vector<float>& widened, const Execution& exec) {
-  TensorView<const float> state;
-  if constexpr (std::is_same_v<T, float>) {
-    state = o_c;
-  } else {
-    const TensorView<float> w = make_bshd(widened.data(), o_c.shape[0], o_c.shape[1], o_c.shape[2], o_c.shape[3]);
-    copy_into(w, TensorView<const T>(o_c), exec);
-    state = w;
-  }
-  const TensorView<const float> states[2] = {acc, state};
-  const StridedView<const float, 3> lses[2] = {acc_lse, lse_c};
-  checked::merge_states<float>(states, lses, acc, acc_lse, exec);
-}
-
 inline double now() { return MPI_Wtime(); }
 
 /// The checks every rank makes of its own shard before the collective comparison. A rank
@@ -250,50 +237,121 @@ inline void record_step(RingStats& st, double compute, double wait) {
   st.wait_seconds += wait;
 }
 
-/// A rank's forward state: its O (fp32) and LSE over the keys merged so far, and the buffers
-/// of one pair's partial state.
+/// A rank's forward state over the keys attended so far, merged exactly: O unnormalized
+/// (fp32: the sum over pairs of l_c 2^(m_c - max) O_c) and each row's max score (log2
+/// units) and sum of 2^(score - max), kept apart (ops::merge_row_stats, as split-KV's states
+/// merge: one float LSE per pair would make its rounding, |LSE| 2^-24, the pair's relative
+/// weight error, 6e-4 at scores of 1e4), the sink counted once, on the diagonal pair. Each
+/// pair runs the forward on fixed tiles (forward_row_stats), so the bits depend on neither
+/// the budget nor the thread count. The backward recomputes P from the final statistics
+/// where a saved LSE is too coarse (exact_row_stats_lse), as the single-process backward
+/// does (backward.hpp, recompute_row_stats).
 template <class T>
 class ForwardAccumulator {
  public:
   ForwardAccumulator(index_t batch, index_t rows, index_t heads, index_t dv, index_t pair_rows)
-      : batch_(batch), heads_(heads), dv_(dv),
-        o_(static_cast<std::size_t>(batch * rows * heads * dv), 0.0f),
-        lse_(static_cast<std::size_t>(batch * heads * rows), -std::numeric_limits<float>::infinity()),
+      : batch_(batch), rows_(rows), heads_(heads), dv_(dv),
+        acc_(static_cast<std::size_t>(batch * rows * heads * dv), 0.0f),
+        max_(static_cast<std::size_t>(batch * heads * rows), -std::numeric_limits<float>::infinity()),
+        sum_(max_.size(), 0.0f),
         pair_o_(static_cast<std::size_t>(batch * pair_rows * heads * dv)),
-        pair_lse_(static_cast<std::size_t>(batch * heads * pair_rows)),
-        widened_(std::is_same_v<T, float> ? 0 : pair_o_.size()),
-        o_view_(make_bshd(o_.data(), batch, rows, heads, dv)),
-        lse_view_(make_lse(lse_.data(), batch, heads, rows)) {}
+        pair_max_(static_cast<std::size_t>(batch * heads * pair_rows)), pair_sum_(pair_max_.size()) {}
 
   /// Query chunk qc (its rows of q) against key chunk kc (its rows of the K/V block held),
   /// merged into the rows of qc.
   void attend(const TensorView<const T>& q, const TensorView<T>& k_block, const TensorView<T>& v_block,
               const Chunk& qc, const Chunk& kc, const ForwardOptions& options) {
     const TensorView<T> o_c = make_bshd(pair_o_.data(), batch_, qc.length, heads_, dv_);
-    const LseView lse_c = make_lse(pair_lse_.data(), batch_, heads_, qc.length);
-    checked::forward<T, T>(rows(q, qc.local_start, qc.length), rows(k_block, kc.local_start, kc.length),
-                           rows(v_block, kc.local_start, kc.length), o_c, lse_c, options);
-    merge_into(rows(o_view_, qc.local_start, qc.length), rows(lse_view_, qc.local_start, qc.length, 2), o_c, lse_c,
-               widened_, options.execution);
+    ForwardParams<T> f = checked::checked_params<T, T>(rows(q, qc.local_start, qc.length),
+                                                       rows(TensorView<const T>(k_block), kc.local_start, kc.length),
+                                                       rows(TensorView<const T>(v_block), kc.local_start, kc.length),
+                                                       o_c, LseView{}, options);
+    f.row_max = make_lse(pair_max_.data(), batch_, heads_, qc.length);
+    f.row_sum = make_lse(pair_sum_.data(), batch_, heads_, qc.length);
+    const IoCounts io = checked::forward_row_stats(f, qc.length, options.execution, options.io_counts != nullptr,
+                                                   ops::BuiltinScores{});
+    if (options.io_counts) *options.io_counts = io;
+    const TensorView<float> acc = o_view();
+    const StridedView<float, 3> max = stats_view(max_), sum = stats_view(sum_);
+    parallel_for(options.execution, batch_ * qc.length, [&](index_t item, int) {
+      const index_t b = item / qc.length, i = item % qc.length, row = qc.local_start + i;
+      for (index_t h = 0; h < heads_; ++h) {
+        const ops::MergeWeights w = ops::merge_row_stats(max(b, h, row), sum(b, h, row), f.row_max(b, h, i),
+                                                         f.row_sum(b, h, i));
+        if (!w.adds) continue;
+        for (index_t c = 0; c < dv_; ++c)
+          acc(b, row, h, c) = acc(b, row, h, c) * w.rescale + w.weight * to_float(o_c(b, i, h, c));
+      }
+    });
   }
 
-  /// o and lse (when set) = the merged state, rounded once to T.
+  /// o and lse (when set) = the merged state normalized (ops::finalize_row), O rounded once to T.
   void write(const TensorView<T>& o, const LseView& lse, const Execution& exec) const {
-    copy_into(o, TensorView<const float>(o_view_), exec);
-    if (!lse.data) return;
-    for (index_t b = 0; b < lse.shape[0]; ++b)
-      for (index_t h = 0; h < lse.shape[1]; ++h)
-        for (index_t i = 0; i < lse.shape[2]; ++i) lse(b, h, i) = lse_view_(b, h, i);
+    const TensorView<float> acc = o_view();
+    const StridedView<float, 3> max = stats_view(max_), sum = stats_view(sum_);
+    parallel_for(exec, batch_ * rows_, [&](index_t item, int) {
+      const index_t b = item / rows_, i = item % rows_;
+      std::vector<float> row(static_cast<std::size_t>(dv_));
+      for (index_t h = 0; h < heads_; ++h) {
+        for (index_t c = 0; c < dv_; ++c) row[static_cast<std::size_t>(c)] = acc(b, i, h, c);
+        float m = max(b, h, i), l = sum(b, h, i), row_lse = 0.0f;
+        ops::finalize_row(row.data(), dv_, m, l, row_lse);
+        for (index_t c = 0; c < dv_; ++c) o(b, i, h, c) = from_float<T>(row[static_cast<std::size_t>(c)]);
+        if (lse.data) lse(b, h, i) = row_lse;
+      }
+    });
+  }
+
+  /// The final row statistics of qc's rows, as the backward takes them.
+  kernels::SavedRowStats rows_of(const Chunk& qc) const {
+    return {rows(StridedView<const float, 3>(stats_view(max_)), qc.local_start, qc.length, 2),
+            rows(StridedView<const float, 3>(stats_view(sum_)), qc.local_start, qc.length, 2)};
   }
 
  private:
-  index_t batch_, heads_, dv_;
-  std::vector<float> o_, lse_;
+  TensorView<float> o_view() const {
+    return make_bshd(const_cast<float*>(acc_.data()), batch_, rows_, heads_, dv_);
+  }
+  StridedView<float, 3> stats_view(const std::vector<float>& v) const {
+    return make_lse(const_cast<float*>(v.data()), batch_, heads_, rows_);
+  }
+  index_t batch_, rows_, heads_, dv_;
+  std::vector<float> acc_, max_, sum_;
   std::vector<T> pair_o_;
-  std::vector<float> pair_lse_, widened_;
-  TensorView<float> o_view_;
-  StridedView<float, 3> lse_view_;
+  std::vector<float> pair_max_, pair_sum_;
 };
+
+/// One pass of K/V around the ring (P steps, the next block received while the current one
+/// is computed): at each step acc.attend(q, K block, V block, qc, kc, pair options) for each
+/// pair of this rank's query chunks and the held block's key chunks that a query can see.
+/// The pairs' IO into io_total, the steps' times and bytes into st.
+template <class T, class Acc, class Options>
+void forward_pass(const RingComm& ring, const ShardLayout& layout, const TensorView<const T>& q,
+                  const TensorView<const T>& k, const TensorView<const T>& v, const Options& options, Acc& acc,
+                  IoCounts& io_total, RingStats& st) {
+  const index_t n = q.shape[1];
+  BlockBuffers<T> blocks(q.shape[0], layout.max_local_len(), k.shape[2], {k.shape[3], v.shape[3]});
+  copy_into(rows(blocks.part(0, 0), 0, n), k, options.execution);
+  copy_into(rows(blocks.part(0, 1), 0, n), v, options.execution);
+  IoCounts io_pair;
+  Exchange kv;
+  for (int step = 0; step < ring.size; ++step) {
+    const int cur = step % 2;
+    if (step + 1 < ring.size) kv.post(ring, blocks.data(cur), blocks.data(1 - cur), blocks.bytes(), 1000 + step);
+    const double t0 = now();
+    compute_while_moving({&kv}, [&](auto&& between_kernels) {
+      for_each_pair(layout, ring.rank, ring.source(step), options, [&](const Chunk& qc, const Chunk& kc, bool diagonal) {
+        acc.attend(q, blocks.part(cur, 0), blocks.part(cur, 1), qc, kc, pair_options(options, qc, kc, diagonal, &io_pair));
+        io_total += io_pair;
+        between_kernels();
+      });
+    });
+    const double t1 = now();
+    kv.wait();
+    record_step(st, t1 - t0, now() - t1);
+  }
+  st.bytes_sent += kv.bytes_sent();
+}
 
 template <class T>
 void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> q, TensorView<const T> k,
@@ -311,34 +369,26 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
     checked::forward<T, T>(q, k, v, o, lse, options);
     record_step(st, now() - start, 0.0);
   } else {
-    const index_t B = q.shape[0], H = q.shape[2], Hkv = k.shape[2], dv = v.shape[3];
-    BlockBuffers<T> blocks(B, layout.max_local_len(), Hkv, {k.shape[3], dv});
-    copy_into(rows(blocks.part(0, 0), 0, n), k, options.execution);
-    copy_into(rows(blocks.part(0, 1), 0, n), v, options.execution);
-    ForwardAccumulator<T> acc(B, n, H, dv, longest_chunk(layout, ring.rank));
-    IoCounts io_total, io_pair;
-    Exchange kv;
-    for (int step = 0; step < ring.size; ++step) {
-      const int cur = step % 2;
-      if (step + 1 < ring.size) kv.post(ring, blocks.data(cur), blocks.data(1 - cur), blocks.bytes(), 1000 + step);
-      const double t0 = now();
-      compute_while_moving({&kv}, [&](auto&& between_kernels) {
-        for_each_pair(layout, ring.rank, ring.source(step), options, [&](const Chunk& qc, const Chunk& kc, bool diagonal) {
-          acc.attend(q, blocks.part(cur, 0), blocks.part(cur, 1), qc, kc, pair_options(options, qc, kc, diagonal, &io_pair));
-          io_total += io_pair;
-          between_kernels();
-        });
-      });
-      const double t1 = now();
-      kv.wait();
-      record_step(st, t1 - t0, now() - t1);
-    }
+    ForwardAccumulator<T> acc(q.shape[0], n, q.shape[2], v.shape[3], longest_chunk(layout, ring.rank));
+    IoCounts io_total;
+    forward_pass(ring, layout, q, k, v, options, acc, io_total, st);
     acc.write(o, lse, options.execution);  // every transfer is done: the outputs are written only now
     if (options.io_counts) *options.io_counts = io_total;
-    st.bytes_sent = kv.bytes_sent();
   }
   st.seconds = now() - start;
   if (stats) *stats = std::move(st);
+}
+
+/// Whether some rank's saved LSE has a row the backward must not recompute P from
+/// (exact_row_stats_lse): every rank gets the same answer.
+inline bool any_large_lse(const RingComm& ring, const StridedView<const float, 3>& lse) {
+  int mine = 0;
+  for (index_t b = 0; b < lse.shape[0] && !mine; ++b)
+    for (index_t h = 0; h < lse.shape[1] && !mine; ++h)
+      for (index_t i = 0; i < lse.shape[2] && !mine; ++i) mine = checked::large_lse(lse(b, h, i)) ? 1 : 0;
+  int any = 0;
+  mpi_check(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, ring.comm), "MPI_Allreduce");
+  return any != 0;
 }
 
 /// A rank's backward state: dQ of its rows (fp32), the dK/dV accumulators that travel with
@@ -365,8 +415,9 @@ class BackwardAccumulators {
 
   /// The gradients of pair (qc, kc): dQ into this rank's rows, dK/dV into this step's.
   void attend(const TensorView<const T>& q, const TensorView<T>& k_block, const TensorView<T>& v_block,
-              const TensorView<const T>& o, const StridedView<const float, 3>& lse, const TensorView<const T>& dout,
-              const Chunk& qc, const Chunk& kc, BackwardOptions options, bool want_dsinks) {
+              const TensorView<const T>& o, const StridedView<const float, 3>& lse,
+              const kernels::SavedRowStats& row_stats, const TensorView<const T>& dout, const Chunk& qc,
+              const Chunk& kc, BackwardOptions options, bool want_dsinks) {
     options.dsinks = want_dsinks ? std::span<float>(pair_dsinks_) : std::span<float>{};
     const TensorView<T> dq = make_bshd(pair_dq_.data(), batch_, qc.length, heads_, d_);
     const TensorView<T> dk = make_bshd(pair_dk_.data(), batch_, kc.length, heads_kv_, d_);
@@ -375,7 +426,7 @@ class BackwardAccumulators {
     checked::backward<T>(q_rows(q), rows(k_block, kc.local_start, kc.length),
                          rows(v_block, kc.local_start, kc.length), q_rows(o),
                          rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, options,
-                         false);  // the LSE covers every rank's keys: P from it as saved
+                         &row_stats);  // over every rank's keys (empty: P from the saved LSE)
     add_into(q_rows(dq_view_), dq, options.execution);
     add_into(rows(step_.part(0, 0), kc.local_start, kc.length), dk, options.execution);
     add_into(rows(step_.part(0, 1), kc.local_start, kc.length), dv, options.execution);
@@ -421,18 +472,29 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   RingStats st;
   st.steps = ring.size;
   if (ring.size == 1) {
-    checked::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options, true);  // every key here
+    checked::backward<T>(q, k, v, o, lse, dout, dq, dk, dv, options);  // every key here
     record_step(st, now() - start, 0.0);
     st.seconds = now() - start;
     if (stats) *stats = std::move(st);
     return;
   }
   const index_t B = q.shape[0], Hkv = k.shape[2], nmax = layout.max_local_len();
+  IoCounts io_total, io_pair;
+  // Where some LSE is large, the row statistics over every rank's keys first: one more
+  // forward pass around the ring (its steps' times in the totals, not in the step lists).
+  std::optional<ForwardAccumulator<T>> row_stats;
+  if (any_large_lse(ring, lse)) {
+    RingStats pass;
+    row_stats.emplace(B, n, q.shape[2], v.shape[3], longest_chunk(layout, ring.rank));
+    forward_pass(ring, layout, q, k, v, options, *row_stats, io_total, pass);
+    st.compute_seconds += pass.compute_seconds;
+    st.wait_seconds += pass.wait_seconds;
+    st.bytes_sent += pass.bytes_sent;
+  }
   BlockBuffers<T> blocks(B, nmax, Hkv, {q.shape[3], v.shape[3]});
   copy_into(rows(blocks.part(0, 0), 0, n), k, options.execution);
   copy_into(rows(blocks.part(0, 1), 0, n), v, options.execution);
   BackwardAccumulators<T> acc(B, n, nmax, q.shape[2], Hkv, q.shape[3], v.shape[3], longest_chunk(layout, ring.rank));
-  IoCounts io_total, io_pair;
   Exchange kv, grad;
   for (int step = 0; step < ring.size; ++step) {
     const int cur = step % 2, held = step % 2;
@@ -441,7 +503,8 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
     acc.start_step();
     compute_while_moving({&kv, &grad}, [&](auto&& between_kernels) {
       for_each_pair(layout, ring.rank, ring.source(step), options, [&](const Chunk& qc, const Chunk& kc, bool diagonal) {
-        acc.attend(q, blocks.part(cur, 0), blocks.part(cur, 1), o, lse, dout, qc, kc,
+        acc.attend(q, blocks.part(cur, 0), blocks.part(cur, 1), o, lse,
+                   row_stats ? row_stats->rows_of(qc) : kernels::SavedRowStats{}, dout, qc, kc,
                    pair_options(options, qc, kc, diagonal, &io_pair), diagonal && !options.dsinks.empty());
         io_total += io_pair;
         between_kernels();
@@ -468,7 +531,7 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   acc.write(dq, dk, dv, ring.size % 2, n, options.execution);
   if (!options.dsinks.empty()) std::copy(acc.dsinks().begin(), acc.dsinks().end(), options.dsinks.begin());
   if (options.io_counts) *options.io_counts = io_total;
-  st.bytes_sent = kv.bytes_sent() + grad.bytes_sent();
+  st.bytes_sent += kv.bytes_sent() + grad.bytes_sent();
   st.seconds = now() - start;
   if (stats) *stats = std::move(st);
 }

@@ -37,22 +37,35 @@ inline void lse_as_row_stats(RowStats& stats, index_t rows) {
   }
 }
 
+/// How one state's row (m_c, l_c) folds into a row's running statistics (m, l), in log2
+/// units: adds is false for a state that saw no key (m_c = -inf, l_c not NaN), which
+/// changes nothing; otherwise (m, l) become the merged statistics, and the running
+/// accumulator's row is to be scaled by rescale and the state's row by weight.
+struct MergeWeights {
+  bool adds;
+  float rescale, weight;
+};
+
+inline MergeWeights merge_row_stats(float& m, float& l, float m_c, float l_c) {
+  if (m_c == negative_infinity && !std::isnan(l_c)) return {false, 1.0f, 0.0f};  // saw no key
+  const float m_new = std::isnan(m_c) ? m_c : std::max(m, m_c);  // std::max keeps a NaN max
+  const float rescale = m == negative_infinity ? 0.0f : arch::native::exp2(m - m_new);
+  const float weight = l_c * arch::native::exp2(m_c - m_new);
+  l = arch::native::mul_add(l, rescale, weight);
+  m = m_new;
+  return {true, rescale, weight};
+}
+
 /// acc, stats += the state (o_c, state) for each row: acc holds sum_c l_c 2^(m_c - max) O_c,
 /// stats the running max and sum in log2 units.
 template <class AccTile, class StateTile>
 void merge_state_step(AccTile& acc, RowStats& stats, const StateTile& o_c, const RowStats& state) {
   for (index_t r = 0; r < acc.rows(); ++r) {
-    const float m_c = state.max[r], l_c = state.sum[r];
-    if (m_c == negative_infinity && !std::isnan(l_c)) continue;  // saw no key
-    const float m = stats.max[r];
-    const float m_new = std::isnan(m_c) ? m_c : std::max(m, m_c);  // std::max keeps a NaN max
-    const float rescale = m == negative_infinity ? 0.0f : arch::native::exp2(m - m_new);
-    const float weight = l_c * arch::native::exp2(m_c - m_new);
+    const MergeWeights w = merge_row_stats(stats.max[r], stats.sum[r], state.max[r], state.sum[r]);
+    if (!w.adds) continue;
     float* a = acc.row(r);
     const float* o = o_c.row(r);
-    for (index_t c = 0; c < acc.cols(); ++c) a[c] = a[c] * rescale + weight * o[c];
-    stats.sum[r] = arch::native::mul_add(stats.sum[r], rescale, weight);
-    stats.max[r] = m_new;
+    for (index_t c = 0; c < acc.cols(); ++c) a[c] = a[c] * w.rescale + w.weight * o[c];
   }
 }
 

@@ -195,33 +195,35 @@ void normalize_rows(AccTile& o, const RowStats& stats) {
   }
 }
 
-/// Deferred normalization: o /= sum, and lse = ln(sum) + max in natural-log units. A sink
-/// (a logit in log2 units that joins the denominator without a value; -inf: none) may be given. Rows
-/// that saw no unmasked key get o = 0 and lse = -inf (or the sink's logit); rows that saw
-/// a NaN get NaN.
-/// `stats` (a view: RowStats are tiles) ends as the rows' final statistics, the sink folded
-/// in, which the backward reads where the float LSE cannot carry them (kernels/backward.hpp).
+/// Deferred normalization of one row: o (cols values) /= sum, and lse = ln(sum) + max in
+/// natural-log units. A sink (a logit in log2 units that joins the denominator without a
+/// value; -inf: none) may be given. A row that saw no unmasked key gets o = 0 and lse = -inf
+/// (or the sink's logit); a row that saw a NaN gets NaN. max and sum end as the row's final
+/// statistics, the sink folded in, which the backward reads where the float LSE cannot carry
+/// them (kernels/backward.hpp).
+inline void finalize_row(float* o, index_t cols, float& max, float& sum, float& lse, const float* sink = nullptr) {
+  constexpr float ln2 = std::numbers::ln2_v<float>;
+  float o_factor = 1.0f;
+  if (sink && *sink != negative_infinity) {  // fold 2^(sink - max) into the sum, under the larger maximum
+    const float new_max = std::max(max, *sink);
+    o_factor = arch::native::exp2(max - new_max);
+    sum = arch::native::mul_add(sum, o_factor, arch::native::exp2(*sink - new_max));
+    max = new_max;
+  }
+  if (sum == 0.0f) {
+    std::fill_n(o, cols, 0.0f);
+    lse = negative_infinity;
+    return;
+  }
+  arch::native::scale(o, cols, o_factor / sum);
+  lse = (max + std::log2(sum)) * ln2;
+}
+
+/// finalize_row for each row of a tile; `stats` (a view: RowStats are tiles) ends as the
+/// rows' final statistics.
 template <class AccTile>
 void finalize_rows(AccTile& o, RowStats stats, float* lse, const float* sink = nullptr) {
-  constexpr float ln2 = std::numbers::ln2_v<float>;
-  for (index_t i = 0; i < o.rows(); ++i) {
-    float& max = stats.max[i];
-    float& sum = stats.sum[i];
-    float o_factor = 1.0f;
-    if (sink && *sink != negative_infinity) {  // fold 2^(sink - max) into the sum, under the larger maximum
-      const float new_max = std::max(max, *sink);
-      o_factor = arch::native::exp2(max - new_max);
-      sum = arch::native::mul_add(sum, o_factor, arch::native::exp2(*sink - new_max));
-      max = new_max;
-    }
-    if (sum == 0.0f) {
-      std::fill_n(o.row(i), o.cols(), 0.0f);
-      lse[i] = negative_infinity;
-      continue;
-    }
-    arch::native::scale(o.row(i), o.cols(), o_factor / sum);
-    lse[i] = (max + std::log2(sum)) * ln2;
-  }
+  for (index_t i = 0; i < o.rows(); ++i) finalize_row(o.row(i), o.cols(), stats.max[i], stats.sum[i], lse[i], sink);
 }
 
 }  // namespace tileattn::ops
