@@ -134,11 +134,12 @@ bool needs_row_stats(const BackwardParams<T>& p) {
   return false;
 }
 
-/// The tiles of the forward that recomputes the row statistics: 64 keys and up to 64 query
-/// positions of one head, whatever the budget. A row's sum takes its bits from where the
-/// key tiles start (the online softmax rescales there), so a plan fixed by the shape alone
-/// keeps the backward's gradients the same bits for every budget. Its working set (at most
-/// ~1.3 MB at head_dim 1024) may exceed a budget set below it: this rare path's only excess.
+/// The tiles of a forward that gives each row's final statistics (ring attention's chunk
+/// pairs, distributed/ring.hpp, merged exactly): 64 keys and up to 64 query positions of one
+/// head, whatever the budget. A row's sum takes its bits from where the key tiles start (the
+/// online softmax rescales there), so a plan fixed by the shape alone keeps the bits the same
+/// for every budget. Its working set (at most ~1.3 MB at head_dim 1024) may exceed a budget
+/// set below it.
 template <class T>
 TilePlan row_stats_plan(const ForwardParams<T>& p, index_t max_seqlen_q) {
   constexpr index_t key_tile = 64, query_tile = 64;
@@ -150,7 +151,7 @@ TilePlan row_stats_plan(const ForwardParams<T>& p, index_t max_seqlen_q) {
 
 /// The forward of f on row_stats_plan's tiles, its O into f.o (a scratch the caller gives),
 /// each row's final statistics into f.row_max and f.row_sum; the IO it counted (none
-/// unless count_io). Also how distributed/ring.hpp recomputes one pair's statistics.
+/// unless count_io).
 template <class T, class Scores>
 IoCounts forward_row_stats(const ForwardParams<T>& f, index_t max_seqlen_q, const Execution& exec, bool count_io,
                            const Scores& scores) {
@@ -160,10 +161,20 @@ IoCounts forward_row_stats(const ForwardParams<T>& f, index_t max_seqlen_q, cons
   return {};
 }
 
-/// The forward's final row statistics of every row, recomputed by running the forward again
-/// (its O into a scratch buffer, on row_stats_plan's tiles): what the backward needs where
-/// the saved LSE is too coarse. It costs a forward (about 40% of a backward), only on calls
-/// with such rows.
+/// Every row's final statistics (max in log2 units and sum, the sink folded in) recomputed
+/// with the backward's own scores (kernels::run_backward_row_stats, on the backward's
+/// tiles), into max and sum ([batch, heads, seqlen] like the saved LSE): what the backward
+/// takes P from where the saved LSE is too coarse. It costs one S = Q K^T product per tile
+/// pair (about a fifth of a backward), only on calls with such rows.
+template <class T, class Scores>
+IoCounts backward_row_stats(const BackwardParams<T>& p, const BackwardTilePlan& plan, const BackwardOptions& options,
+                            const Scores& scores, const LseView& max, const LseView& sum) {
+  if (options.io_counts) return kernels::run_backward_row_stats<CountingIo>(p, plan, options.execution, max, sum, scores);
+  kernels::run_backward_row_stats<NoIoCounting>(p, plan, options.execution, max, sum, scores);
+  return {};
+}
+
+/// backward_row_stats into buffers of its own.
 struct RecomputedRowStats {
   std::vector<float> max, sum;
   IoCounts io;
@@ -174,19 +185,14 @@ struct RecomputedRowStats {
 };
 
 template <class T, class Scores>
-RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, index_t max_seqlen_q,
+RecomputedRowStats recompute_row_stats(const BackwardParams<T>& p, const BackwardTilePlan& plan,
                                        const BackwardOptions& options, const Scores& scores) {
   const index_t batch = p.q.shape[dim::batch], seqlen = p.q.shape[dim::seqlen], heads = p.heads();
   const auto rows = static_cast<std::size_t>(batch * heads * seqlen);
   RecomputedRowStats r{std::vector<float>(rows), std::vector<float>(rows), {}, {batch, heads, seqlen},
                        {heads * seqlen, seqlen, 1}};
-  std::vector<T> o(rows * static_cast<std::size_t>(p.head_dim_v()));
-  ForwardParams<T> f = p;
-  f.o = make_bshd(o.data(), batch, seqlen, heads, p.head_dim_v());
-  f.lse = {};
-  f.row_max = {r.max.data(), r.shape, r.stride};
-  f.row_sum = {r.sum.data(), r.shape, r.stride};
-  r.io = forward_row_stats(f, max_seqlen_q, options.execution, options.io_counts != nullptr, scores);
+  r.io = backward_row_stats(p, plan, options, scores, {r.max.data(), r.shape, r.stride},
+                            {r.sum.data(), r.shape, r.stride});
   return r;
 }
 
@@ -223,7 +229,7 @@ void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, in
           for (index_t j = 0; j < g.shape[3]; ++j) g(b, h, i, j) = 0.0f;
   }
   RecomputedRowStats stats;
-  if (!wider && needs_row_stats(p)) stats = recompute_row_stats(p, max_seqlen_q, options, scores);
+  if (!wider && needs_row_stats(p)) stats = recompute_row_stats(p, plan, options, scores);
   const kernels::SavedRowStats saved = wider ? *wider : stats.max.empty() ? kernels::SavedRowStats{} : stats.view();
   if (options.io_counts) {
     *options.io_counts = kernels::run_backward<CountingIo>(p, plan, options.execution, scores, saved);
@@ -231,6 +237,23 @@ void check_and_run_backward(const BackwardParams<T>& p, index_t max_seqlen_q, in
   } else {
     kernels::run_backward<NoIoCounting>(p, plan, options.execution, scores, saved);
   }
+}
+
+/// The row statistics backward(q, k, v, o, lse, dout, dq, dk, dv, options) would take P from
+/// (its params, its tiles: backward_row_stats), into max and sum ([batch, heads, seqlen of
+/// q]); nothing else is written. Ring attention's chunk pairs get theirs so
+/// (distributed/ring.hpp), the views already checked as backward() checks them.
+template <class T>
+IoCounts backward_row_stats(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v, TensorView<const T> o,
+                            SavedLseView lse, TensorView<const T> dout, TensorView<T> dq, TensorView<T> dk,
+                            TensorView<T> dv, const BackwardOptions& options, const LseView& max, const LseView& sum) {
+  const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
+  const ops::BuiltinScores scores;
+  const BackwardTilePlan plan =
+      call_tiles(backward_shape(p.q, p.k, p.v, p.batch(), q.shape[dim::seqlen], k.shape[dim::seqlen],
+                                scores.has_slope(p.softcap)),
+                 options, nullptr);
+  return backward_row_stats(p, plan, options, scores, max, sum);
 }
 
 template <class T, class Scores>
@@ -242,6 +265,27 @@ void backward_scored(TensorView<const T> q, TensorView<const T> k, TensorView<co
   check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
   const BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
   check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, scores, wider, plan);
+}
+
+/// backward() whose dQ, dK and dV are stored in fp32 to dq32, dk32, dv32 (shaped like dq, dk,
+/// dv, which are checked as backward() checks them and not written); wider as
+/// check_and_run_backward's. Ring attention's chunk pairs (distributed/ring.hpp): their
+/// partial gradients sum in fp32 and round once, as one backward's do.
+template <class T>
+void backward_fp32_gradients(TensorView<const T> q, TensorView<const T> k, TensorView<const T> v,
+                             TensorView<const T> o, SavedLseView lse, TensorView<const T> dout, TensorView<T> dq,
+                             TensorView<T> dk, TensorView<T> dv, TensorView<float> dq32, TensorView<float> dk32,
+                             TensorView<float> dv32, const BackwardOptions& options,
+                             const kernels::SavedRowStats* wider) {
+  check_backward_views(q, k, v, o, dout, dq, dk, dv, padded_layout);
+  check_saved_lse(lse, {q.shape[dim::batch], q.shape[dim::heads], q.shape[dim::seqlen]}, lse_dims);
+  BackwardParams<T> p = make_backward_params(q, k, v, o, lse, dout, dq, dk, dv, options);
+  TILEATTN_REQUIRE(dq32.shape == dq.shape && dk32.shape == dk.shape && dv32.shape == dv.shape, "dq32",
+                   "fp32 gradients must have the gradients' shapes");
+  p.dq_fp32 = dq32;
+  p.dk_fp32 = dk32;
+  p.dv_fp32 = dv32;
+  check_and_run_backward(p, q.shape[dim::seqlen], k.shape[dim::seqlen], options, ops::BuiltinScores{}, wider);
 }
 
 /// backward() with its types resolved; wider as check_and_run_backward's; plan:

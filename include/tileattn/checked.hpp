@@ -27,9 +27,11 @@ using tileattn::detail::backward;
 using tileattn::detail::forward;
 using tileattn::detail::merge_states;
 
-// The backward's exact path for large scores: which saved LSE is too coarse to recompute P
-// from, and the forward that gives the row statistics instead (distributed/ring.hpp runs
-// it per chunk pair).
+// The exact paths for large scores (distributed/ring.hpp runs them per chunk pair): a
+// forward that gives each row's statistics (for an exact merge), which saved LSE is too
+// coarse to recompute P from, and the statistics the backward takes P from instead.
+using tileattn::detail::backward_fp32_gradients;
+using tileattn::detail::backward_row_stats;
 using tileattn::detail::forward_row_stats;
 using tileattn::detail::large_lse;
 

@@ -225,7 +225,7 @@ void check_fp32(const std::vector<Config>& cases) {
 TEST(Ring, Fp32MatchesSingleProcessAndReference) { check_fp32(configs()); }
 TEST(Ring, LargeFp32MatchesSingleProcessAndReference) { check_fp32(large_configs()); }
 
-// bf16 storage: the ring rounds each partial O and gradient to bf16 before its fp32 merge,
+// bf16 storage: the ring rounds each partial O to bf16 before its fp32 merge,
 // so it is held to FlashAttention's rule against a naive bf16 implementation: 2x its
 // forward error, 3x its gradient error.
 void check_bf16(const std::vector<Config>& cases) {

@@ -84,6 +84,52 @@ struct BackwardProblem {
   }
 };
 
+/// The magnitudes F of the terms dQ, dK and dsinks sum before they cancel, elementwise in
+/// the reference's layouts (backward_fuzz.cpp's term_magnitudes: with |dP_ij|, |D_i| <=
+/// ||dO_i||_1 max|V| and tanh' <= 1):
+///   dQ_ic <= 2 scale max|V| max|K| ||dO_i||_1,   dK_jc <= 2 scale max|V| max|Q| sum_c' A_jc',
+///   dsinks_h <= max|V| sum over head h's rows of ||dO_i||_1,
+/// A the exact dV for |dO| (sum_i P_ij |dO_ic'|). Where P (dP - D) cancels to nearly nothing
+/// (a one-hot row: P = 1, D = dP), M and the naive error say nothing of the rounding of
+/// those terms: the naive backward is exact there by luck, a kernel that forms P as
+/// 2^(s - max) and sums D in another order is not. The floor 8 u F (u = 2^-24: fp32 sums)
+/// covers that rounding.
+struct CancellingTerms {
+  std::vector<double> dq, dk, dsinks;
+};
+
+template <class T>
+CancellingTerms cancelling_terms(const BackwardProblem<T>& p, const reference::Options& ro, double scale) {
+  const auto max_abs = [](const TensorView<T>& view) {
+    double m = 0.0;
+    for_each_index(view.shape, [&](index_t b, index_t i, index_t h, index_t c) {
+      m = std::max(m, std::abs(static_cast<double>(to_float(view(b, i, h, c)))));
+    });
+    return m;
+  };
+  const double max_q = max_abs(p.qv), max_k = max_abs(p.kv), max_v = max_abs(p.vv);
+  std::vector<T> abs_dout(p.dout.size());
+  for (std::size_t i = 0; i < abs_dout.size(); ++i) abs_dout[i] = from_float<T>(std::abs(to_float(p.dout[i])));
+  const TensorView<const T> abs_view{abs_dout.data() + (p.dov.data - p.dout.data()), p.dov.shape, p.dov.stride};
+  const reference::BackwardResult a = reference::attention_backward<T>(TensorView<const T>(p.qv), TensorView<const T>(p.kv),
+                                                                       TensorView<const T>(p.vv), abs_view, ro);
+  const ProblemShape& s = p.s;
+  CancellingTerms t;
+  t.dsinks.assign(static_cast<std::size_t>(s.heads), 0.0);
+  for_each_index(p.qv.shape, [&](index_t b, index_t i, index_t h, index_t c0) {
+    double l1 = 0.0;
+    for (index_t c = 0; c < s.head_dim_v; ++c) l1 += std::abs(static_cast<double>(to_float(p.dov(b, i, h, c))));
+    t.dq.push_back(2 * scale * max_v * max_k * l1);
+    if (c0 == 0) t.dsinks[static_cast<std::size_t>(h)] += max_v * l1;
+  });
+  for (std::size_t row = 0; row * static_cast<std::size_t>(s.head_dim_v) < a.dv.size(); ++row) {
+    double sum = 0.0;
+    for (index_t c = 0; c < s.head_dim_v; ++c) sum += a.dv[row * static_cast<std::size_t>(s.head_dim_v) + static_cast<std::size_t>(c)];
+    for (index_t c = 0; c < s.head_dim; ++c) t.dk.push_back(2 * scale * max_v * max_q * sum);
+  }
+  return t;
+}
+
 /// Max |got - want| over finite reference entries, and whether the non-finite pattern
 /// matches (a NaN where the reference has one, finite where it is finite).
 struct GradError {

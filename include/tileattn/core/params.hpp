@@ -256,6 +256,10 @@ struct BackwardParams : ForwardParams<T> {
   TensorView<T> dq, dk, dv;               // like q, k, v
   std::span<float> dsinks{};
   StridedView<float, 4> dbias{};
+  // Where set (ring attention's partial gradients of one chunk pair, distributed/ring.hpp),
+  // dQ, dK and dV are stored here in fp32, shaped like dq, dk, dv, which are then not
+  // written: a sum of partial gradients rounds once, as one backward's does.
+  TensorView<float> dq_fp32{}, dk_fp32{}, dv_fp32{};
 };
 
 }  // namespace tileattn

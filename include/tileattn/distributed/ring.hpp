@@ -16,8 +16,9 @@
 // state (its O and each row's max score and sum, kept apart as split-KV keeps them) merges
 // exactly in a fixed order (step, then chunk pair): results do not depend on timing and are
 // the same bits on every run.
-// Backward: the same ring (after one more forward pass where some LSE is so large that its
-// rounding would spoil P: the row statistics over every rank's keys); dQ accumulates locally, dK/dV accumulate in fp32 buffers that
+// Backward: the same ring (after one more pass of the blocks where some LSE is so large that
+// its rounding would spoil P: the row statistics over every rank's keys, computed from the
+// backward's own scores); dQ accumulates locally, dK/dV accumulate in fp32 buffers that
 // travel with their K/V block and come home after P shifts, summed in ring order; dsinks
 // are summed over ranks in rank order.
 //
@@ -243,9 +244,7 @@ inline void record_step(RingStats& st, double compute, double wait) {
 /// merge: one float LSE per pair would make its rounding, |LSE| 2^-24, the pair's relative
 /// weight error, 6e-4 at scores of 1e4), the sink counted once, on the diagonal pair. Each
 /// pair runs the forward on fixed tiles (forward_row_stats), so the bits depend on neither
-/// the budget nor the thread count. The backward recomputes P from the final statistics
-/// where a saved LSE is too coarse (exact_row_stats_lse), as the single-process backward
-/// does (backward.hpp, recompute_row_stats).
+/// the budget nor the thread count.
 template <class T>
 class ForwardAccumulator {
  public:
@@ -300,12 +299,6 @@ class ForwardAccumulator {
         if (lse.data) lse(b, h, i) = row_lse;
       }
     });
-  }
-
-  /// The final row statistics of qc's rows, as the backward takes them.
-  kernels::SavedRowStats rows_of(const Chunk& qc) const {
-    return {rows(StridedView<const float, 3>(stats_view(max_)), qc.local_start, qc.length, 2),
-            rows(StridedView<const float, 3>(stats_view(sum_)), qc.local_start, qc.length, 2)};
   }
 
  private:
@@ -379,6 +372,67 @@ void ring_forward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T> 
   if (stats) *stats = std::move(st);
 }
 
+/// The row statistics a rank's backward takes P from where some saved LSE is too coarse
+/// (exact_row_stats_lse): over every rank's keys, each pair's computed as that pair's
+/// backward computes its scores (checked::backward_row_stats: the same product and tiles,
+/// so that s c - max is exact for a row's largest score) and merged exactly
+/// (ops::merge_row_stats), in the fixed pair order.
+template <class T>
+class RowStatsAccumulator {
+ public:
+  RowStatsAccumulator(const TensorView<const T>& o, const StridedView<const float, 3>& lse,
+                      const TensorView<const T>& dout, index_t heads_kv, index_t head_dim, index_t block_rows,
+                      index_t pair_rows)
+      : o_(o), lse_(lse), dout_(dout), batch_(o.shape[0]), rows_(o.shape[1]), heads_(o.shape[2]),
+        max_(static_cast<std::size_t>(batch_ * heads_ * rows_), -std::numeric_limits<float>::infinity()),
+        sum_(max_.size(), 0.0f), pair_max_(static_cast<std::size_t>(batch_ * heads_ * pair_rows)),
+        pair_sum_(pair_max_.size()),
+        unused_dq_(static_cast<std::size_t>(batch_ * pair_rows * heads_ * head_dim)),
+        unused_dk_(static_cast<std::size_t>(batch_ * block_rows * heads_kv * head_dim)),
+        unused_dv_(static_cast<std::size_t>(batch_ * block_rows * heads_kv * o.shape[3])),
+        heads_kv_(heads_kv), head_dim_(head_dim) {}
+
+  /// Query chunk qc against key chunk kc: the pair's statistics, merged into qc's rows.
+  void attend(const TensorView<const T>& q, const TensorView<T>& k_block, const TensorView<T>& v_block,
+              const Chunk& qc, const Chunk& kc, BackwardOptions options) {
+    options.dsinks = {};
+    const auto q_rows = [&](const auto& t) { return rows(t, qc.local_start, qc.length); };
+    const LseView pair_max = make_lse(pair_max_.data(), batch_, heads_, qc.length);
+    const LseView pair_sum = make_lse(pair_sum_.data(), batch_, heads_, qc.length);
+    const IoCounts io = checked::backward_row_stats<T>(
+        q_rows(q), rows(TensorView<const T>(k_block), kc.local_start, kc.length),
+        rows(TensorView<const T>(v_block), kc.local_start, kc.length), q_rows(o_), rows(lse_, qc.local_start, qc.length, 2),
+        q_rows(dout_), make_bshd(unused_dq_.data(), batch_, qc.length, heads_, head_dim_),
+        make_bshd(unused_dk_.data(), batch_, kc.length, heads_kv_, head_dim_),
+        make_bshd(unused_dv_.data(), batch_, kc.length, heads_kv_, o_.shape[3]), options, pair_max, pair_sum);
+    if (options.io_counts) *options.io_counts = io;
+    const StridedView<float, 3> max = stats_view(max_), sum = stats_view(sum_);
+    for (index_t b = 0; b < batch_; ++b)
+      for (index_t h = 0; h < heads_; ++h)
+        for (index_t i = 0; i < qc.length; ++i)
+          ops::merge_row_stats(max(b, h, qc.local_start + i), sum(b, h, qc.local_start + i), pair_max(b, h, i),
+                               pair_sum(b, h, i));
+  }
+
+  /// The statistics of qc's rows, as the backward takes them.
+  kernels::SavedRowStats rows_of(const Chunk& qc) const {
+    return {rows(StridedView<const float, 3>(stats_view(max_)), qc.local_start, qc.length, 2),
+            rows(StridedView<const float, 3>(stats_view(sum_)), qc.local_start, qc.length, 2)};
+  }
+
+ private:
+  StridedView<float, 3> stats_view(const std::vector<float>& v) const {
+    return make_lse(const_cast<float*>(v.data()), batch_, heads_, rows_);
+  }
+  TensorView<const T> o_;
+  StridedView<const float, 3> lse_;
+  TensorView<const T> dout_;
+  index_t batch_, rows_, heads_;
+  std::vector<float> max_, sum_, pair_max_, pair_sum_;
+  std::vector<T> unused_dq_, unused_dk_, unused_dv_;
+  index_t heads_kv_, head_dim_;
+};
+
 /// Whether some rank's saved LSE has a row the backward must not recompute P from
 /// (exact_row_stats_lse): every rank gets the same answer.
 inline bool any_large_lse(const RingComm& ring, const StridedView<const float, 3>& lse) {
@@ -405,7 +459,9 @@ class BackwardAccumulators {
         dq_(static_cast<std::size_t>(batch * rows * heads * d), 0.0f), dsinks_(static_cast<std::size_t>(heads), 0.0f),
         pair_dq_(static_cast<std::size_t>(batch * pair_rows * heads * d)),
         pair_dk_(static_cast<std::size_t>(batch * block_rows * heads_kv * d)),
-        pair_dv_(static_cast<std::size_t>(batch * block_rows * heads_kv * dv)), pair_dsinks_(dsinks_.size()),
+        pair_dv_(static_cast<std::size_t>(batch * block_rows * heads_kv * dv)),
+        pair_dq32_(pair_dq_.size()), pair_dk32_(pair_dk_.size()), pair_dv32_(pair_dv_.size()),
+        pair_dsinks_(dsinks_.size()),
         dq_view_(make_bshd(dq_.data(), batch, rows, heads, d)) {}
 
   void start_step() { step_.fill(0, 0.0f); }
@@ -419,17 +475,23 @@ class BackwardAccumulators {
               const kernels::SavedRowStats& row_stats, const TensorView<const T>& dout, const Chunk& qc,
               const Chunk& kc, BackwardOptions options, bool want_dsinks) {
     options.dsinks = want_dsinks ? std::span<float>(pair_dsinks_) : std::span<float>{};
+    // The pair's gradients in fp32 (the T views are checked, not written): the sums over
+    // pairs round once, at the end, as one backward's do.
     const TensorView<T> dq = make_bshd(pair_dq_.data(), batch_, qc.length, heads_, d_);
     const TensorView<T> dk = make_bshd(pair_dk_.data(), batch_, kc.length, heads_kv_, d_);
     const TensorView<T> dv = make_bshd(pair_dv_.data(), batch_, kc.length, heads_kv_, dv_);
+    const TensorView<float> dq32 = make_bshd(pair_dq32_.data(), batch_, qc.length, heads_, d_);
+    const TensorView<float> dk32 = make_bshd(pair_dk32_.data(), batch_, kc.length, heads_kv_, d_);
+    const TensorView<float> dv32 = make_bshd(pair_dv32_.data(), batch_, kc.length, heads_kv_, dv_);
     const auto q_rows = [&](const auto& t) { return rows(t, qc.local_start, qc.length); };
-    checked::backward<T>(q_rows(q), rows(k_block, kc.local_start, kc.length),
-                         rows(v_block, kc.local_start, kc.length), q_rows(o),
-                         rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, options,
-                         &row_stats);  // over every rank's keys (empty: P from the saved LSE)
-    add_into(q_rows(dq_view_), dq, options.execution);
-    add_into(rows(step_.part(0, 0), kc.local_start, kc.length), dk, options.execution);
-    add_into(rows(step_.part(0, 1), kc.local_start, kc.length), dv, options.execution);
+    checked::backward_fp32_gradients<T>(q_rows(q), rows(k_block, kc.local_start, kc.length),
+                                        rows(v_block, kc.local_start, kc.length), q_rows(o),
+                                        rows(lse, qc.local_start, qc.length, 2), q_rows(dout), dq, dk, dv, dq32,
+                                        dk32, dv32, options,
+                                        &row_stats);  // over every rank's keys (empty: P from the saved LSE)
+    add_into(q_rows(dq_view_), dq32, options.execution);
+    add_into(rows(step_.part(0, 0), kc.local_start, kc.length), dk32, options.execution);
+    add_into(rows(step_.part(0, 1), kc.local_start, kc.length), dv32, options.execution);
     if (want_dsinks)
       for (std::size_t h = 0; h < dsinks_.size(); ++h) dsinks_[h] += pair_dsinks_[h];
   }
@@ -452,7 +514,8 @@ class BackwardAccumulators {
   index_t batch_, heads_, heads_kv_, d_, dv_;
   BlockBuffers<float> travelling_, step_;
   std::vector<float> dq_, dsinks_;
-  std::vector<T> pair_dq_, pair_dk_, pair_dv_;
+  std::vector<T> pair_dq_, pair_dk_, pair_dv_;  // checked, not written
+  std::vector<float> pair_dq32_, pair_dk32_, pair_dv32_;
   std::vector<float> pair_dsinks_;
   TensorView<float> dq_view_;
 };
@@ -480,12 +543,12 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
   }
   const index_t B = q.shape[0], Hkv = k.shape[2], nmax = layout.max_local_len();
   IoCounts io_total, io_pair;
-  // Where some LSE is large, the row statistics over every rank's keys first: one more
-  // forward pass around the ring (its steps' times in the totals, not in the step lists).
-  std::optional<ForwardAccumulator<T>> row_stats;
+  // Where some LSE is large, the row statistics over every rank's keys first: one more pass
+  // of the blocks around the ring (its steps' times in the totals, not in the step lists).
+  std::optional<RowStatsAccumulator<T>> row_stats;
   if (any_large_lse(ring, lse)) {
     RingStats pass;
-    row_stats.emplace(B, n, q.shape[2], v.shape[3], longest_chunk(layout, ring.rank));
+    row_stats.emplace(o, lse, dout, Hkv, q.shape[3], nmax, longest_chunk(layout, ring.rank));
     forward_pass(ring, layout, q, k, v, options, *row_stats, io_total, pass);
     st.compute_seconds += pass.compute_seconds;
     st.wait_seconds += pass.wait_seconds;

@@ -31,6 +31,7 @@
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
 #include "tileattn/ops/matmul.hpp"
+#include "tileattn/ops/online_softmax.hpp"
 #include "tileattn/ops/operand_layout.hpp"
 #include "tileattn/ops/score_mods.hpp"
 #include "tileattn/ops/score_source.hpp"
@@ -236,6 +237,50 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
   io.written(acc_bytes);
 }
 
+/// Pass 0, where the saved LSE is too coarse (backward.hpp, needs_row_stats), for one
+/// (sequence, head, query tile): the forward's final row statistics (max in log2 units and
+/// sum, the sink folded in) recomputed from the backward's own scores, the same Q K^T
+/// product over the same key tiles with the same modifiers as backward_step, into out_max
+/// and out_sum ([view batch, heads, seqlen]). P = 2^((s c - max) - log2(sum)) is then exact
+/// to the bit for a row's largest score. Statistics from a forward would not do: its
+/// product sums over d in another order, so its scores differ from the backward's in the
+/// last bits, and at |s| in the thousands that rounding (|s| 2^-24) is P's relative error.
+template <class T, class Op, class Scores, class Io>
+void backward_row_stats_tile(const BackwardParams<T>& p, const BackwardTilePlan& plan, index_t b, index_t head,
+                             index_t tile, BackwardTiles<Op>& t, const Scores& scores, const LseView& out_max,
+                             const LseView& out_sum, Io& io) {
+  const SequenceRange seq = p.sequence(b);
+  const auto mods = scores(p, b, seq);
+  const index_t r0 = tile * plan.query_tile_rows, n = std::min(plan.query_tile_rows, seq.q_len - r0);
+  const index_t kv_head = head / p.group_size();
+  load_rows(t.q, sequence_matrix(p.q, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
+  ops::RowStats stats{t.lse2, t.lse2_low};
+  stats.reset(n);
+  float unused = 0.0f;
+  Tile<float> no_values = Tile<float>::wrap(&unused, n, 0, 0);  // the statistics alone
+  Tile<float>* slope = mods.has_slope() ? &t.slope : nullptr;
+  for (index_t col0 = 0; col0 < seq.k_len; col0 += plan.key_tile_rows) {
+    const index_t cols = std::min(plan.key_tile_rows, seq.k_len - col0);
+    if (mods.skips({head, 1, r0, n}, col0, cols)) continue;
+    const auto [k0, k1] = keys_seen(mods.window(), r0, n, col0, cols);
+    if (k1 <= k0) continue;
+    load_rows(t.k, sequence_matrix(p.k, seq.view_batch, kv_head, seq.k_start, seq.k_len), col0, cols, io);
+    ops::transpose(t.k_t, t.k);
+    const auto keys = t.keys(k0, k1 - k0);
+    ops::matmul(t.s, t.q, keys.k_t);
+    mods.apply(t.s, {head, 1, r0, n}, col0 + k0, io, slope);
+    ops::online_softmax_step(t.s, stats, no_values, mods.to_log2());
+  }
+  constexpr float log2e = std::numbers::log2e_v<float>;
+  const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
+  for (index_t i = 0; i < n; ++i) {
+    float lse = 0.0f;
+    ops::finalize_row(&unused, 0, stats.max[i], stats.sum[i], lse, p.sinks.empty() ? nullptr : &sink);
+  }
+  store_vector(&out_max(seq.view_batch, head, seq.q_start + r0), out_max.stride[2], stats.max.data(), n, io);
+  store_vector(&out_sum(seq.view_batch, head, seq.q_start + r0), out_sum.stride[2], stats.sum.data(), n, io);
+}
+
 /// Pass 2 for one work item: dK and dV of one key tile, summed over the group's query heads.
 template <class T, class Op, class Scores, class Io>
 void backward_key_block(const BackwardParams<T>& p, const BackwardTilePlan& plan, const KeyBlock& blk,
@@ -270,11 +315,17 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardTilePlan& plan
     }
   }
   ops::scale(t.dk, p.softmax_scale);
-  store_rows(keys_of(p.dk), blk.col0, t.dk, io);
-  store_rows(keys_of(p.dv), blk.col0, t.dv, io);
+  if (p.dk_fp32.data) {  // a ring pair's partial gradients (BackwardParams::dk_fp32)
+    store_rows(keys_of(p.dk_fp32), blk.col0, t.dk, io);
+    store_rows(keys_of(p.dv_fp32), blk.col0, t.dv, io);
+  } else {
+    store_rows(keys_of(p.dk), blk.col0, t.dk, io);
+    store_rows(keys_of(p.dv), blk.col0, t.dv, io);
+  }
 }
 
-/// Pass 3 for one (sequence, head, query tile): dQ = scale * dQ_acc, rounded once.
+/// Pass 3 for one (sequence, head, query tile): dQ = scale * dQ_acc, rounded once (or kept
+/// in fp32: BackwardParams::dq_fp32).
 template <class T, class Io>
 void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardTilePlan& plan, const BackwardState& st,
                             index_t b, index_t head, index_t tile, Io& io) {
@@ -284,7 +335,8 @@ void backward_epilogue_tile(const BackwardParams<T>& p, const BackwardTilePlan& 
   const TensorView<const float> acc = st.dq_acc_view;
   load_rows(dq, sequence_matrix(acc, seq.view_batch, head, seq.q_start, seq.q_len), r0, n, io);
   ops::scale(dq, p.softmax_scale);
-  store_rows(sequence_matrix(p.dq, seq.view_batch, head, seq.q_start, seq.q_len), r0, dq, io);
+  if (p.dq_fp32.data) store_rows(sequence_matrix(p.dq_fp32, seq.view_batch, head, seq.q_start, seq.q_len), r0, dq, io);
+  else store_rows(sequence_matrix(p.dq, seq.view_batch, head, seq.q_start, seq.q_len), r0, dq, io);
 }
 
 /// d(sink_h) = -sum over rows of e^(sink_h - lse) * D, in a fixed order (double sums); a
@@ -316,6 +368,29 @@ std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, cons
     for (index_t h = 0; h < p.heads(); ++h)
       for (index_t t = 0; t < plan.query_tiles(p.sequence(b).q_len); ++t) tiles.push_back({b, h, t});
   return tiles;
+}
+
+/// Runs pass 0 under `exec`: every row's statistics from the backward's own scores
+/// (backward_row_stats_tile) into out_max and out_sum; returns the traffic counted.
+template <io_policy Io, class T, class Scores = ops::BuiltinScores>
+  requires ops::backward_score_source<Scores, BackwardParams<T>, Io>
+IoCounts run_backward_row_stats(const BackwardParams<T>& p, const BackwardTilePlan& plan, const Execution& exec,
+                                const LseView& out_max, const LseView& out_sum, const Scores& scores = {}) {
+  std::vector<Io> io(static_cast<std::size_t>(std::max<index_t>(worker_count(exec), 1)));
+  const auto tiles = query_tiles(p, plan);
+  parallel_for(exec, static_cast<index_t>(tiles.size()), [&](index_t i, int worker) {
+    const index_t b = tiles[static_cast<std::size_t>(i)][0], h = tiles[static_cast<std::size_t>(i)][1],
+                  tile = tiles[static_cast<std::size_t>(i)][2];  // not a structured binding: clang 14 captures none
+    with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
+      auto t = BackwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.query_tile_rows,
+                                        plan.key_tile_rows, p.head_dim(), p.head_dim_v(), scores.has_slope(p.softcap));
+      backward_row_stats_tile(p, plan, b, h, tile, t, scores, out_max, out_sum, io[static_cast<std::size_t>(worker)]);
+    });
+  });
+  IoCounts total;
+  if constexpr (Io::enabled)
+    for (const Io& counter : io) total += counter.counts;
+  return total;
 }
 
 /// Runs the three passes under `exec`; returns the HBM traffic counted (zero unless Io counts).
