@@ -238,13 +238,16 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
 }
 
 /// Pass 0, where the saved LSE is too coarse (backward.hpp, needs_row_stats), for one
-/// (sequence, head, query tile): the forward's final row statistics (max in log2 units and
-/// sum, the sink folded in) recomputed from the backward's own scores, the same Q K^T
-/// product over the same key tiles with the same modifiers as backward_step, into out_max
-/// and out_sum ([view batch, heads, seqlen]). P = 2^((s c - max) - log2(sum)) is then exact
-/// to the bit for a row's largest score. Statistics from a forward would not do: its
-/// product sums over d in another order, so its scores differ from the backward's in the
-/// last bits, and at |s| in the thousands that rounding (|s| 2^-24) is P's relative error.
+/// (sequence, head, query tile) of row_stats_tiles' plan: the forward's final row statistics
+/// (max in log2 units and sum, the sink folded in) recomputed from the backward's own scores
+/// (the same Q K^T product and modifiers as backward_step: each score the same bits, which
+/// do not depend on the tile), into out_max and out_sum ([view batch, heads, seqlen]).
+/// P = 2^((s c - max) - log2(sum)) is then exact to the bit for a row's largest score.
+/// Statistics from a forward would not do: its product sums over d in another order, so its
+/// scores differ from the backward's in the last bits, and at |s| in the thousands that
+/// rounding (|s| 2^-24) is P's relative error. The keys go in whole chunks of
+/// row_stats_keys from key 0 (masked keys add exact zeros), so the sum's rounding is the
+/// same for every budget and thread count.
 template <class T, class Op, class Scores, class Io>
 void backward_row_stats_tile(const BackwardParams<T>& p, const BackwardTilePlan& plan, index_t b, index_t head,
                              index_t tile, BackwardTiles<Op>& t, const Scores& scores, const LseView& out_max,
@@ -261,14 +264,11 @@ void backward_row_stats_tile(const BackwardParams<T>& p, const BackwardTilePlan&
   Tile<float>* slope = mods.has_slope() ? &t.slope : nullptr;
   for (index_t col0 = 0; col0 < seq.k_len; col0 += plan.key_tile_rows) {
     const index_t cols = std::min(plan.key_tile_rows, seq.k_len - col0);
-    if (mods.skips({head, 1, r0, n}, col0, cols)) continue;
-    const auto [k0, k1] = keys_seen(mods.window(), r0, n, col0, cols);
-    if (k1 <= k0) continue;
+    if (mods.skips({head, 1, r0, n}, col0, cols)) continue;  // every score masked: adds nothing
     load_rows(t.k, sequence_matrix(p.k, seq.view_batch, kv_head, seq.k_start, seq.k_len), col0, cols, io);
     ops::transpose(t.k_t, t.k);
-    const auto keys = t.keys(k0, k1 - k0);
-    ops::matmul(t.s, t.q, keys.k_t);
-    mods.apply(t.s, {head, 1, r0, n}, col0 + k0, io, slope);
+    ops::matmul(t.s, t.q, t.keys(0, cols).k_t);
+    mods.apply(t.s, {head, 1, r0, n}, col0, io, slope);
     ops::online_softmax_step(t.s, stats, no_values, mods.to_log2());
   }
   constexpr float log2e = std::numbers::log2e_v<float>;
@@ -370,12 +370,37 @@ std::vector<std::array<index_t, 3>> query_tiles(const BackwardParams<T>& p, cons
   return tiles;
 }
 
-/// Runs pass 0 under `exec`: every row's statistics from the backward's own scores
-/// (backward_row_stats_tile) into out_max and out_sum; returns the traffic counted.
+/// The keys pass 0 takes at a time: a bf16 pair tile's smallest width.
+inline constexpr index_t row_stats_keys = sum_group_values;
+
+/// Pass 0's tiles: row_stats_keys keys, and as many query rows of the backward's as fit its
+/// budget beside them (the rows do not change the bits), at least the smallest tile's (1;
+/// bf16 pairs 32), whose working set is then this rare path's only excess over a budget.
+template <class T>
+BackwardTilePlan row_stats_tiles(const BackwardParams<T>& p, const BackwardTilePlan& plan, bool slope) {
+  BackwardTilePlan t = plan;
+  t.key_tile_rows = row_stats_keys;
+  const bool pairs = ::tileattn::pair_operands(tile_operands_for<T>());
+  const index_t least = std::min(plan.query_tile_rows, pairs ? sum_group_values : index_t{1});
+  const auto bytes = [&](index_t rows) {
+    return with_tile_operand<T>([&]<class Op>(std::type_identity<Op>) {
+      return BackwardTiles<Op>::footprint(rows, row_stats_keys, p.head_dim(), p.head_dim_v(), slope);
+    });
+  };
+  while (t.query_tile_rows > least && bytes(t.query_tile_rows) > plan.working_set_bytes)
+    t.query_tile_rows = std::max(least, t.query_tile_rows / 2);
+  t.working_set_bytes = bytes(t.query_tile_rows);
+  return t;
+}
+
+/// Runs pass 0 under `exec` on row_stats_tiles: every row's statistics from the backward's
+/// own scores (backward_row_stats_tile) into out_max and out_sum; returns the traffic counted.
 template <io_policy Io, class T, class Scores = ops::BuiltinScores>
   requires ops::backward_score_source<Scores, BackwardParams<T>, Io>
-IoCounts run_backward_row_stats(const BackwardParams<T>& p, const BackwardTilePlan& plan, const Execution& exec,
-                                const LseView& out_max, const LseView& out_sum, const Scores& scores = {}) {
+IoCounts run_backward_row_stats(const BackwardParams<T>& p, const BackwardTilePlan& backward_plan,
+                                const Execution& exec, const LseView& out_max, const LseView& out_sum,
+                                const Scores& scores = {}) {
+  const BackwardTilePlan plan = row_stats_tiles(p, backward_plan, scores.has_slope(p.softcap));
   std::vector<Io> io(static_cast<std::size_t>(std::max<index_t>(worker_count(exec), 1)));
   const auto tiles = query_tiles(p, plan);
   parallel_for(exec, static_cast<index_t>(tiles.size()), [&](index_t i, int worker) {
