@@ -35,7 +35,8 @@
 // is held to the double-precision reference of the whole unsharded sequence
 // (tests/reference, the inputs N(0, 1), Q maybe x 256) under FlashAttention's rule, against
 // a naive attention in the same precision on the same (rounded) inputs: O and LSE 2x,
-// gradients 3x the naive error, plus 1e-4 x max(1, max|reference|) (the forward's 1e-4 with
+// gradients 3x the naive error (bf16: at least one rounding of the gradient, 2^-8 of its
+// magnitude, as backward_fuzz and the suites count it), plus 1e-4 x max(1, max|reference|) (the forward's 1e-4 with
 // forward_fuzz's margin for wider options: the ring merges P partial states and sums P
 // partial gradients where one process runs one online softmax, and a bf16 ring rounds every
 // partial O to bf16 before its fp32 merge; tests/distributed/ring_test.cpp
@@ -400,7 +401,10 @@ void check_results(const Input& x, const BackwardProblem<T>& full, Shard<T>& m, 
     // FlashAttention's rule for every type: the naive same-precision error times the
     // output's factor, plus 1e-4 x max(1, max|reference|).
     const GradError n = test::grad_error(std::vector<float>(out.naive.begin(), out.naive.end()), out.want, "naive");
-    const double naive_error = n.max_error;
+    // bf16 gradients as backward_fuzz and the suites hold them: a naive error below one
+    // rounding of the gradient (2^-8 of its magnitude) is luck, and counts as one.
+    const bool gradient = out.factor == 3.0;
+    const double naive_error = !is_float && gradient ? std::max(n.max_error, 0x1p-8 * e.magnitude) : n.max_error;
     double bound = 1e-4 * std::max(e.magnitude, 1.0) + out.factor * naive_error;
     if (!is_float) {
       // O: or the rounding the ring adds, whichever is larger: each pair rounds P (2^-8 of
