@@ -238,6 +238,37 @@ inline void record_step(RingStats& st, double compute, double wait) {
   st.wait_seconds += wait;
 }
 
+/// A rank's row statistics [batch, heads, rows]: each row's max score (log2 units) and sum
+/// of 2^(score - max), kept apart, into which each pair's statistics merge exactly
+/// (ops::merge_row_stats, as split-KV's states merge). Its views point into its own buffers:
+/// it is neither copied nor moved.
+class RankRowStats {
+ public:
+  RankRowStats(index_t batch, index_t heads, index_t rows)
+      : max_(static_cast<std::size_t>(batch * heads * rows), -std::numeric_limits<float>::infinity()),
+        sum_(max_.size(), 0.0f), max_view_(make_lse(max_.data(), batch, heads, rows)),
+        sum_view_(make_lse(sum_.data(), batch, heads, rows)) {}
+  RankRowStats(const RankRowStats&) = delete;
+  RankRowStats& operator=(const RankRowStats&) = delete;
+
+  /// Row (b, h, row) merged with a pair's (m_c, l_c); the weights its O rows take.
+  ops::MergeWeights merge(index_t b, index_t h, index_t row, float m_c, float l_c) {
+    return ops::merge_row_stats(max_view_(b, h, row), sum_view_(b, h, row), m_c, l_c);
+  }
+  float max(index_t b, index_t h, index_t row) const { return max_view_(b, h, row); }
+  float sum(index_t b, index_t h, index_t row) const { return sum_view_(b, h, row); }
+
+  /// The statistics of qc's rows, as the backward takes them.
+  kernels::SavedRowStats rows_of(const Chunk& qc) const {
+    return {rows(StridedView<const float, 3>(max_view_), qc.local_start, qc.length, 2),
+            rows(StridedView<const float, 3>(sum_view_), qc.local_start, qc.length, 2)};
+  }
+
+ private:
+  std::vector<float> max_, sum_;
+  StridedView<float, 3> max_view_, sum_view_;
+};
+
 /// A rank's forward state over the keys attended so far, merged exactly: O unnormalized
 /// (fp32: the sum over pairs of l_c 2^(m_c - max) O_c) and each row's max score (log2
 /// units) and sum of 2^(score - max), kept apart (ops::merge_row_stats, as split-KV's states
@@ -251,10 +282,11 @@ class ForwardAccumulator {
   ForwardAccumulator(index_t batch, index_t rows, index_t heads, index_t dv, index_t pair_rows)
       : batch_(batch), rows_(rows), heads_(heads), dv_(dv),
         acc_(static_cast<std::size_t>(batch * rows * heads * dv), 0.0f),
-        max_(static_cast<std::size_t>(batch * heads * rows), -std::numeric_limits<float>::infinity()),
-        sum_(max_.size(), 0.0f),
+        acc_view_(make_bshd(acc_.data(), batch, rows, heads, dv)), stats_(batch, heads, rows),
         pair_o_(static_cast<std::size_t>(batch * pair_rows * heads * dv)),
         pair_max_(static_cast<std::size_t>(batch * heads * pair_rows)), pair_sum_(pair_max_.size()) {}
+  ForwardAccumulator(const ForwardAccumulator&) = delete;
+  ForwardAccumulator& operator=(const ForwardAccumulator&) = delete;
 
   /// Query chunk qc (its rows of q) against key chunk kc (its rows of the K/V block held),
   /// merged into the rows of qc.
@@ -270,46 +302,37 @@ class ForwardAccumulator {
     const IoCounts io = checked::forward_row_stats(f, qc.length, options.execution, options.io_counts != nullptr,
                                                    ops::BuiltinScores{});
     if (options.io_counts) *options.io_counts = io;
-    const TensorView<float> acc = o_view();
-    const StridedView<float, 3> max = stats_view(max_), sum = stats_view(sum_);
     parallel_for(options.execution, batch_ * qc.length, [&](index_t item, int) {
       const index_t b = item / qc.length, i = item % qc.length, row = qc.local_start + i;
       for (index_t h = 0; h < heads_; ++h) {
-        const ops::MergeWeights w = ops::merge_row_stats(max(b, h, row), sum(b, h, row), f.row_max(b, h, i),
-                                                         f.row_sum(b, h, i));
+        const ops::MergeWeights w = stats_.merge(b, h, row, f.row_max(b, h, i), f.row_sum(b, h, i));
         if (!w.adds) continue;
         for (index_t c = 0; c < dv_; ++c)
-          acc(b, row, h, c) = acc(b, row, h, c) * w.rescale + w.weight * to_float(o_c(b, i, h, c));
+          acc_view_(b, row, h, c) = acc_view_(b, row, h, c) * w.rescale + w.weight * to_float(o_c(b, i, h, c));
       }
     });
   }
 
-  /// o and lse (when set) = the merged state normalized (ops::finalize_row), O rounded once to T.
-  void write(const TensorView<T>& o, const LseView& lse, const Execution& exec) const {
-    const TensorView<float> acc = o_view();
-    const StridedView<float, 3> max = stats_view(max_), sum = stats_view(sum_);
+  /// o and lse (when set) = the merged state normalized in place (ops::finalize_row), O
+  /// rounded once to T. Once, after the last pair.
+  void write(const TensorView<T>& o, const LseView& lse, const Execution& exec) {
     parallel_for(exec, batch_ * rows_, [&](index_t item, int) {
       const index_t b = item / rows_, i = item % rows_;
-      std::vector<float> row(static_cast<std::size_t>(dv_));
       for (index_t h = 0; h < heads_; ++h) {
-        for (index_t c = 0; c < dv_; ++c) row[static_cast<std::size_t>(c)] = acc(b, i, h, c);
-        float m = max(b, h, i), l = sum(b, h, i), row_lse = 0.0f;
-        ops::finalize_row(row.data(), dv_, m, l, row_lse);
-        for (index_t c = 0; c < dv_; ++c) o(b, i, h, c) = from_float<T>(row[static_cast<std::size_t>(c)]);
+        float m = stats_.max(b, h, i), l = stats_.sum(b, h, i), row_lse = 0.0f;
+        float* row = &acc_view_(b, i, h, 0);  // dv contiguous floats
+        ops::finalize_row(row, dv_, m, l, row_lse);
+        for (index_t c = 0; c < dv_; ++c) o(b, i, h, c) = from_float<T>(row[c]);
         if (lse.data) lse(b, h, i) = row_lse;
       }
     });
   }
 
  private:
-  TensorView<float> o_view() const {
-    return make_bshd(const_cast<float*>(acc_.data()), batch_, rows_, heads_, dv_);
-  }
-  StridedView<float, 3> stats_view(const std::vector<float>& v) const {
-    return make_lse(const_cast<float*>(v.data()), batch_, heads_, rows_);
-  }
   index_t batch_, rows_, heads_, dv_;
-  std::vector<float> acc_, max_, sum_;
+  std::vector<float> acc_;
+  TensorView<float> acc_view_;
+  RankRowStats stats_;
   std::vector<T> pair_o_;
   std::vector<float> pair_max_, pair_sum_;
 };
@@ -383,10 +406,8 @@ class RowStatsAccumulator {
   RowStatsAccumulator(const TensorView<const T>& o, const StridedView<const float, 3>& lse,
                       const TensorView<const T>& dout, index_t heads_kv, index_t head_dim, index_t block_rows,
                       index_t pair_rows)
-      : o_(o), lse_(lse), dout_(dout), batch_(o.shape[0]), rows_(o.shape[1]), heads_(o.shape[2]),
-        max_(static_cast<std::size_t>(batch_ * heads_ * rows_), -std::numeric_limits<float>::infinity()),
-        sum_(max_.size(), 0.0f), pair_max_(static_cast<std::size_t>(batch_ * heads_ * pair_rows)),
-        pair_sum_(pair_max_.size()),
+      : o_(o), lse_(lse), dout_(dout), batch_(o.shape[0]), heads_(o.shape[2]), stats_(batch_, heads_, o.shape[1]),
+        pair_max_(static_cast<std::size_t>(batch_ * heads_ * pair_rows)), pair_sum_(pair_max_.size()),
         unused_dq_(static_cast<std::size_t>(batch_ * pair_rows * heads_ * head_dim)),
         unused_dk_(static_cast<std::size_t>(batch_ * block_rows * heads_kv * head_dim)),
         unused_dv_(static_cast<std::size_t>(batch_ * block_rows * heads_kv * o.shape[3])),
@@ -406,29 +427,21 @@ class RowStatsAccumulator {
         make_bshd(unused_dk_.data(), batch_, kc.length, heads_kv_, head_dim_),
         make_bshd(unused_dv_.data(), batch_, kc.length, heads_kv_, o_.shape[3]), options, pair_max, pair_sum);
     if (options.io_counts) *options.io_counts = io;
-    const StridedView<float, 3> max = stats_view(max_), sum = stats_view(sum_);
     for (index_t b = 0; b < batch_; ++b)
       for (index_t h = 0; h < heads_; ++h)
-        for (index_t i = 0; i < qc.length; ++i)
-          ops::merge_row_stats(max(b, h, qc.local_start + i), sum(b, h, qc.local_start + i), pair_max(b, h, i),
-                               pair_sum(b, h, i));
+        for (index_t i = 0; i < qc.length; ++i) stats_.merge(b, h, qc.local_start + i, pair_max(b, h, i), pair_sum(b, h, i));
   }
 
   /// The statistics of qc's rows, as the backward takes them.
-  kernels::SavedRowStats rows_of(const Chunk& qc) const {
-    return {rows(StridedView<const float, 3>(stats_view(max_)), qc.local_start, qc.length, 2),
-            rows(StridedView<const float, 3>(stats_view(sum_)), qc.local_start, qc.length, 2)};
-  }
+  kernels::SavedRowStats rows_of(const Chunk& qc) const { return stats_.rows_of(qc); }
 
  private:
-  StridedView<float, 3> stats_view(const std::vector<float>& v) const {
-    return make_lse(const_cast<float*>(v.data()), batch_, heads_, rows_);
-  }
   TensorView<const T> o_;
   StridedView<const float, 3> lse_;
   TensorView<const T> dout_;
-  index_t batch_, rows_, heads_;
-  std::vector<float> max_, sum_, pair_max_, pair_sum_;
+  index_t batch_, heads_;
+  RankRowStats stats_;
+  std::vector<float> pair_max_, pair_sum_;
   std::vector<T> unused_dq_, unused_dk_, unused_dv_;
   index_t heads_kv_, head_dim_;
 };
