@@ -152,10 +152,12 @@ BackwardResult attention_backward(const TensorView<const T>& q, const TensorView
         // Scores, exactly as the forward reference computes them.
         bool saw_nan = false;
         double m = sink;
+        const detail::HeadVector qi(q, b, i, h), doi(dout, b, i, h);
         for (index_t j = 0; j < nk; ++j) {
           const auto sj = static_cast<std::size_t>(j);
+          const detail::HeadVector kj(k, b, j, kh);
           double xs = 0.0;
-          for (index_t c = 0; c < d; ++c) xs += to_double(q(b, i, h, c)) * to_double(k(b, j, kh, c));
+          for (index_t c = 0; c < d; ++c) xs += to_double(qi[c]) * to_double(kj[c]);
           xs *= scale;
           x[sj] = xs;
           double zz = cap > 0 ? cap * std::tanh(xs / cap) : xs;
@@ -188,26 +190,30 @@ BackwardResult attention_backward(const TensorView<const T>& q, const TensorView
         for (index_t j = 0; j < nk; ++j) {
           const auto sj = static_cast<std::size_t>(j);
           if (z[sj] == neg_inf) continue;  // takes no part: V is not read
-          for (index_t c = 0; c < dv; ++c) o[static_cast<std::size_t>(c)] += p[sj] * to_double(v(b, j, kh, c));
+          const detail::HeadVector vj(v, b, j, kh);
+          for (index_t c = 0; c < dv; ++c) o[static_cast<std::size_t>(c)] += p[sj] * to_double(vj[c]);
         }
         double D = 0.0;
-        for (index_t c = 0; c < dv; ++c) D += to_double(dout(b, i, h, c)) * o[static_cast<std::size_t>(c)];
+        for (index_t c = 0; c < dv; ++c) D += to_double(doi[c]) * o[static_cast<std::size_t>(c)];
         if (!opt.sinks.empty()) r.dsinks[static_cast<std::size_t>(h)] -= p_sink * D;
         for (index_t j = 0; j < nk; ++j) {
           const auto sj = static_cast<std::size_t>(j);
           if (z[sj] == neg_inf) continue;
+          const detail::HeadVector kj(k, b, j, kh), vj(v, b, j, kh);
           double dp = 0.0;
-          for (index_t c = 0; c < dv; ++c) dp += to_double(dout(b, i, h, c)) * to_double(v(b, j, kh, c));
+          for (index_t c = 0; c < dv; ++c) dp += to_double(doi[c]) * to_double(vj[c]);
           const double dz = p[sj] * (dp - D);
-          for (index_t c = 0; c < dv; ++c) r.dv[r.v_index(b, j, kh, c)] += p[sj] * to_double(dout(b, i, h, c));
+          double* dvj = r.dv.data() + r.v_index(b, j, kh, 0);
+          for (index_t c = 0; c < dv; ++c) dvj[c] += p[sj] * to_double(doi[c]);
           double dx = dz;
           if (cap > 0) {
             const double t = std::tanh(x[sj] / cap);
             dx *= 1.0 - t * t;
           }
+          double *dqi = r.dq.data() + r.q_index(b, i, h, 0), *dkj = r.dk.data() + r.k_index(b, j, kh, 0);
           for (index_t c = 0; c < d; ++c) {
-            r.dq[r.q_index(b, i, h, c)] += scale * dx * to_double(k(b, j, kh, c));
-            r.dk[r.k_index(b, j, kh, c)] += scale * dx * to_double(q(b, i, h, c));
+            dqi[c] += scale * dx * to_double(kj[c]);
+            dkj[c] += scale * dx * to_double(qi[c]);
           }
           if (opt.bias.data) r.dbias[detail::bias_slot(r, bb, h, i, j)] += dz;
         }
@@ -312,10 +318,12 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
       for (index_t i = 0; i < nq; ++i) {
         // Forward: the scores of row i, then its probabilities and O_i.
         float m = sink;
+        const detail::HeadVector qi(q, b, i, h), doi(dout, b, i, h);
         for (index_t j = 0; j < nk; ++j) {
           const std::size_t e = at(i, j);
+          const detail::HeadVector kj(k, b, j, kh);
           float acc = 0.0f;
-          for (index_t c = 0; c < d; ++c) acc += to_float(q(b, i, h, c)) * to_float(k(b, j, kh, c));
+          for (index_t c = 0; c < d; ++c) acc += to_float(qi[c]) * to_float(kj[c]);
           float s = round_to<T>(round_to<T>(acc) * scale);
           if (cap > 0) {
             t[e] = round_to<T>(std::tanh(s / cap));
@@ -348,13 +356,14 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
         }
         for (index_t c = 0; c < dv; ++c) {
           float acc = 0.0f;
+          const T* vc = v.ptr(b, 0, kh, c);  // V's column c, key by key
           for (index_t j = 0; j < nk; ++j)
-            if (visible[at(i, j)]) acc += P[at(i, j)] * to_float(v(b, j, kh, c));
+            if (visible[at(i, j)]) acc += P[at(i, j)] * to_float(vc[j * v.stride[1]]);
           o[static_cast<std::size_t>(c)] = round_to<T>(acc);
         }
         // Backward of row i: D_i, dP, dS (through the softcap and the scale).
         float D = 0.0f;
-        for (index_t c = 0; c < dv; ++c) D += to_float(dout(b, i, h, c)) * o[static_cast<std::size_t>(c)];
+        for (index_t c = 0; c < dv; ++c) D += to_float(doi[c]) * o[static_cast<std::size_t>(c)];
         if (!opt.sinks.empty()) r.dsinks[static_cast<std::size_t>(h)] -= p_sink * D;
         for (index_t j = 0; j < nk; ++j) {
           const std::size_t e = at(i, j);
@@ -362,8 +371,9 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
             dS[e] = 0.0f;
             continue;
           }
+          const detail::HeadVector vj(v, b, j, kh);
           float acc = 0.0f;
-          for (index_t c = 0; c < dv; ++c) acc += to_float(dout(b, i, h, c)) * to_float(v(b, j, kh, c));
+          for (index_t c = 0; c < dv; ++c) acc += to_float(doi[c]) * to_float(vj[c]);
           const float dp = round_to<T>(acc);
           float ds = round_to<T>(P[e] * (dp - D));
           if (opt.bias.data) r.dbias[detail::bias_slot(r, bb, h, i, j)] += ds;
@@ -372,8 +382,9 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
         }
         for (index_t c = 0; c < d; ++c) {
           float acc = 0.0f;
+          const T* kc = k.ptr(b, 0, kh, c);
           for (index_t j = 0; j < nk; ++j)
-            if (visible[at(i, j)]) acc += dS[at(i, j)] * to_float(k(b, j, kh, c));
+            if (visible[at(i, j)]) acc += dS[at(i, j)] * to_float(kc[j * k.stride[1]]);
           r.dq[r.q_index(b, i, h, c)] = round_to<T>(acc);
         }
       }
@@ -381,14 +392,16 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
       for (index_t j = 0; j < nk; ++j) {
         for (index_t c = 0; c < d; ++c) {
           float acc = 0.0f;
+          const T* qc = q.ptr(b, 0, h, c);
           for (index_t i = 0; i < nq; ++i)
-            if (visible[at(i, j)]) acc += dS[at(i, j)] * to_float(q(b, i, h, c));
+            if (visible[at(i, j)]) acc += dS[at(i, j)] * to_float(qc[i * q.stride[1]]);
           dk_sum[r.k_index(b, j, kh, c)] += round_to<T>(acc);
         }
         for (index_t c = 0; c < dv; ++c) {
           float acc = 0.0f;
+          const T* doc = dout.ptr(b, 0, h, c);
           for (index_t i = 0; i < nq; ++i)
-            if (visible[at(i, j)]) acc += P[at(i, j)] * to_float(dout(b, i, h, c));
+            if (visible[at(i, j)]) acc += P[at(i, j)] * to_float(doc[i * dout.stride[1]]);
           dv_sum[r.v_index(b, j, kh, c)] += round_to<T>(acc);
         }
       }

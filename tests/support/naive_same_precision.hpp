@@ -38,9 +38,11 @@ void naive_same_precision(const TensorView<const float>& q, const TensorView<con
       const float sink = opt.sinks.empty() ? -std::numeric_limits<float>::infinity() : opt.sinks[static_cast<std::size_t>(h)];
       for (index_t i = 0; i < nq; ++i) {
         float m = sink;
+        const reference::detail::HeadVector qi(q, b, i, h);
         for (index_t j = 0; j < nk; ++j) {
+          const reference::detail::HeadVector kj(k, b, j, kh);
           float dot = 0.0f;
-          for (index_t c = 0; c < d; ++c) dot += q(b, i, h, c) * k(b, j, kh, c);
+          for (index_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
           float x = round(dot * scale);  // S stored in T, as a T matmul returns it
           if (opt.softcap > 0) x = opt.softcap * std::tanh(x / opt.softcap);
           const bool outside = reference::outside_window(opt, i, offset, j, left, right) ||
@@ -67,7 +69,8 @@ void naive_same_precision(const TensorView<const float>& q, const TensorView<con
           const float p = std::exp(sj - m);
           sum += p;
           const float p_t = round(p);  // P stored in T for the P V product
-          for (index_t c = 0; c < dv; ++c) acc[static_cast<std::size_t>(c)] += p_t * v(b, j, kh, c);
+          const reference::detail::HeadVector vj(v, b, j, kh);
+          for (index_t c = 0; c < dv; ++c) acc[static_cast<std::size_t>(c)] += p_t * vj[c];
         }
         for (index_t c = 0; c < dv; ++c) o(b, i, h, c) = round(acc[static_cast<std::size_t>(c)] / sum);
         lse(b, h, i) = m + std::log(sum);
