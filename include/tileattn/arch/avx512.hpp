@@ -1063,12 +1063,6 @@ TILEATTN_PAIRS_READ_IN_PLACE
 // the same bits.
 
 namespace detail {
-/// The 16 nibble values of a format before scaling (q - 8, or the e2m1 values).
-inline __m512 q4_0_nibbles() { return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7); }
-inline __m512 e2m1_nibbles() {
-  return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f,
-                        -4.0f, -6.0f);
-}
 /// 16 bytes -> their low and high nibbles as 16 dword indices each.
 inline void nibble_indices(__m128i bytes, __m512i& low, __m512i& high) {
   const __m512i w = intrinsics::cvtepu8_epi32(bytes);
@@ -1083,34 +1077,30 @@ inline __m512i interleave_high_half(__m512i low, __m512i high) {
   return _mm512_permutex2var_epi32(low, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
                                    high);
 }
+/// A block's packed bytes: 16 (32 values) or 8 (16 values) in the low lanes.
+template <class B>
+inline __m128i block_bytes(const B& b) {
+  if constexpr (B::values == 32) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  else return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.qs));
+}
 }  // namespace detail
 
-inline void dequantize_blocks(const q4_0_block* src, float* dst, index_t blocks) {
-  for (index_t c = 0; c < blocks; ++c, dst += q4_0_block::values) {
-    const __m512 table = _mm512_mul_ps(detail::q4_0_nibbles(), _mm512_set1_ps(block_scale(src[c])));
-    __m512i low, high;  // q4_0: values 0..15 are the low nibbles, 16..31 the high ones
-    detail::nibble_indices(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
-    _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(low, table));
-    _mm512_storeu_ps(dst + 16, intrinsics::permutexvar_ps(high, table));
-  }
-}
-
-inline void dequantize_blocks(const mxfp4_block* src, float* dst, index_t blocks) {
-  for (index_t c = 0; c < blocks; ++c, dst += mxfp4_block::values) {
-    const __m512 table = _mm512_mul_ps(detail::e2m1_nibbles(), _mm512_set1_ps(block_scale(src[c])));
+/// 4-bit blocks of format B (q4_0, MXFP4, NVFP4) -> floats, B::values a block.
+template <block_quantized_type B>
+inline void dequantize_blocks(const B* src, float* dst, index_t blocks) {
+  static_assert(B::values == 32 || B::values == 16);
+  for (index_t c = 0; c < blocks; ++c, dst += B::values) {
+    const __m512 table = _mm512_mul_ps(_mm512_loadu_ps(nibble_values<B>.data()), _mm512_set1_ps(block_scale(src[c])));
     __m512i low, high;
-    detail::nibble_indices(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
-    _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(detail::interleave_low_half(low, high), table));
-    _mm512_storeu_ps(dst + 16, intrinsics::permutexvar_ps(detail::interleave_high_half(low, high), table));
-  }
-}
-
-inline void dequantize_blocks(const nvfp4_block* src, float* dst, index_t blocks) {
-  for (index_t c = 0; c < blocks; ++c, dst += nvfp4_block::values) {
-    const __m512 table = _mm512_mul_ps(detail::e2m1_nibbles(), _mm512_set1_ps(block_scale(src[c])));
-    __m512i low, high;
-    detail::nibble_indices(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src[c].qs)), low, high);
-    _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(detail::interleave_low_half(low, high), table));
+    detail::nibble_indices(detail::block_bytes(src[c]), low, high);
+    if constexpr (halves_in_nibbles<B>) {  // values 0..15 are the low nibbles, 16..31 the high ones
+      _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(low, table));
+      _mm512_storeu_ps(dst + 16, intrinsics::permutexvar_ps(high, table));
+    } else {
+      _mm512_storeu_ps(dst, intrinsics::permutexvar_ps(detail::interleave_low_half(low, high), table));
+      if constexpr (B::values == 32)
+        _mm512_storeu_ps(dst + 16, intrinsics::permutexvar_ps(detail::interleave_high_half(low, high), table));
+    }
   }
 }
 

@@ -211,7 +211,7 @@ void dequantize_blocks(const B* src, float* dst, index_t blocks) {
   float table[16];
   for (index_t c = 0; c < blocks; ++c, dst += B::values) {
     const float scale = block_scale(src[c]);
-    for (int q = 0; q < 16; ++q) table[q] = nibble_value<B>(static_cast<std::uint8_t>(q)) * scale;
+    for (int q = 0; q < 16; ++q) table[q] = nibble_values<B>[static_cast<std::size_t>(q)] * scale;
     for (int i = 0; i < B::values; ++i) dst[i] = table[nibble(src[c], i)];
   }
 }

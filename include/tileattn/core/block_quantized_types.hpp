@@ -184,10 +184,16 @@ inline int floor_log2(float a) {
 
 }  // namespace detail
 
+/// How a block packs its values two a byte: q4_0 puts its first half in the low nibbles
+/// (value j in byte j's low nibble, value j + 16 in its high one), FP4 interleaves them
+/// (value 2i in byte i's low nibble, 2i + 1 in its high one).
+template <block_quantized_type B>
+inline constexpr bool halves_in_nibbles = std::is_same_v<B, q4_0_block>;
+
 /// The 4-bit nibble of value i of a block (q4_0: q; FP4: the e2m1 code).
 template <block_quantized_type B>
 constexpr std::uint8_t nibble(const B& b, int i) {
-  if constexpr (std::is_same_v<B, q4_0_block>) {
+  if constexpr (halves_in_nibbles<B>) {
     const std::uint8_t byte = b.qs[i % 16];
     return i < 16 ? byte & 0xf : byte >> 4;
   } else {
@@ -210,6 +216,15 @@ constexpr float nibble_value(std::uint8_t q) {
   if constexpr (std::is_same_v<B, q4_0_block>) return static_cast<float>(int{q} - 8);
   else return e2m1_values[q & 0xf];
 }
+
+/// Every nibble's value before scaling, by code: the one table the decoders scale per block
+/// (arch/generic.hpp and the vector sets' dequantize_blocks).
+template <block_quantized_type B>
+inline constexpr std::array<float, 16> nibble_values = [] {
+  std::array<float, 16> table{};
+  for (int q = 0; q < 16; ++q) table[static_cast<std::size_t>(q)] = nibble_value<B>(static_cast<std::uint8_t>(q));
+  return table;
+}();
 
 /// out[i] = value i of the block, i in [0, B::values): nibble_value * scale (NVFP4: times
 /// tensor_scale, rounded once). Exact in float except as the header says for NVFP4.

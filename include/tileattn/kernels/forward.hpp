@@ -156,7 +156,7 @@ struct ContiguousKv {
   template <class T, class KV>
   static ScaleSource scales(const ForwardParams<T, KV>&, const KvScaleView& s, const QueryBlock& blk) {
     if (!s.data) return {};
-    return {&s(blk.sequence, blk.kv_head)};
+    return ScaleSource::contiguous(&s(blk.sequence, blk.kv_head));
   }
 };
 
@@ -172,7 +172,8 @@ struct PagedKv {
   static ScaleSource scales(const ForwardParams<T, KV>& p, const KvScaleView& s, const QueryBlock& blk) {
     if (!s.data) return {};
     const auto& table = p.block_table;
-    return {s.ptr(0, blk.kv_head), s.stride[0], table.ptr(blk.sequence, 0), table.stride[1], p.k.shape[dim::seqlen]};
+    return ScaleSource::paged(s.ptr(0, blk.kv_head), s.stride[0],
+                              {table.ptr(blk.sequence, 0), table.stride[1], p.k.shape[dim::seqlen]});
   }
 };
 

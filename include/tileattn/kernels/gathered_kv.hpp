@@ -33,8 +33,9 @@ struct GatheredPagedKv {
     if (!s.data) return {};
     const GatheredKeys& g = *p.gathered;
     const auto& table = p.block_table;
-    return {s.ptr(0, blk.kv_head), s.stride[0], table.ptr(g.sequence_of[blk.sequence], 0), table.stride[1],
-            p.k.shape[dim::seqlen], g.positions + g.begin[blk.sequence]};
+    return ScaleSource::paged(s.ptr(0, blk.kv_head), s.stride[0],
+                              {table.ptr(g.sequence_of[blk.sequence], 0), table.stride[1], p.k.shape[dim::seqlen],
+                               g.positions + g.begin[blk.sequence]});
   }
 };
 

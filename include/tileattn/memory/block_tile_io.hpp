@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "tileattn/arch/generic.hpp"
 #include "tileattn/arch/native.hpp"
 #include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/strided_view.hpp"
@@ -21,24 +22,13 @@ namespace tileattn {
 
 namespace detail {
 
-/// table[q] = the value of nibble q in block b (nibble_value * scale; NaN for a NaN block).
-template <block_quantized_type B>
-void nibble_table(const B& b, float* table) {
-  const float scale = block_scale(b);
-  for (int q = 0; q < 16; ++q) table[q] = nibble_value<B>(static_cast<std::uint8_t>(q)) * scale;
-}
-
 /// out[0, blocks * B::values) = the values of blocks in[0], in[stride], ... (a row of K or V):
-/// the arch's vector lookup for contiguous blocks (arch::native::dequantize_blocks).
+/// the arch's vector lookup for contiguous blocks (arch::native::dequantize_blocks), the
+/// scalar table lookup (arch::generic's: the same bits) block by block otherwise.
 template <block_quantized_type B>
 void dequantize_blocks(const B* in, index_t stride, index_t blocks, float* out) {
   if (stride == 1) return arch::native::dequantize_blocks(in, out, blocks);
-  alignas(64) float table[16];
-  for (index_t c = 0; c < blocks; ++c, out += B::values) {
-    const B& b = in[c * stride];
-    nibble_table(b, table);
-    for (int i = 0; i < B::values; ++i) out[i] = table[nibble(b, i)];
-  }
+  for (index_t c = 0; c < blocks; ++c, out += B::values) arch::generic::dequantize_blocks(in + c * stride, out, 1);
 }
 
 }  // namespace detail
