@@ -1,5 +1,5 @@
 // benchmarks/side_by_side/decode_breakdown.cpp: what one key costs a decode step's in-place
-// micro-kernels (kernels/forward.hpp's forward_in_place_heads), with the key tile's rows in
+// micro-kernels (kernels/key_loaders.hpp's InPlaceLoader), with the key tile's rows in
 // L1/L2: Q K^T over the rows (gemm_nt_rows), the row maxima and the exponentials of the
 // online softmax, P V over the rows (gemm_rows) and the streaming pass (touch_rows), for a
 // GQA group of 4 query rows, a 128-key tile and head_dim 128, per storage type, with the rows

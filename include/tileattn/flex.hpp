@@ -121,8 +121,8 @@ namespace detail {
 template <class T, class KV, class Scores>
 void run_paged_flex(const PagedCall<T, KV>& call, const PagedOptions& options, const Scores& scores) {
   scores.check(call.params, call.longest_q, call.longest_k);
-  const PagedPlan plan = make_paged_plan_scored(call.params, call.longest_q, call.longest_k, options, scores);
-  run_paged_scored(call.params, plan, options, scores);
+  const PagedPlan plan = kernels::make_paged_plan_scored(call.params, call.longest_q, call.longest_k, options, scores);
+  run_paged_scored(call.params, plan, options, scores, PlanOrigin::this_call);
 }
 }  // namespace detail
 

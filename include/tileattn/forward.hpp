@@ -25,7 +25,6 @@
 #include "tileattn/detail/rotary_checks.hpp"
 #include "tileattn/kernels/forward.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
-#include "tileattn/memory/cache_size.hpp"
 
 namespace tileattn {
 
@@ -41,34 +40,6 @@ PackedView<T> make_thd(T* data, index_t total, index_t heads, index_t head_dim) 
 }
 inline PackedLseView make_packed_lse(float* data, index_t heads, index_t total) {
   return {data, {heads, total}, {total, 1}};
-}
-
-/// The SRAM budget a call with these options runs under.
-inline std::size_t effective_sram_budget(const ForwardOptions& options) {
-  return options.sram_budget_bytes ? options.sram_budget_bytes : per_core_cache_bytes();
-}
-
-namespace detail {
-/// The sequence length and stream count the planners see in batch-invariant mode
-/// (ForwardOptions::batch_invariant): long enough that no plan is cut to a sequence.
-inline constexpr index_t invariant_plan_length = index_t{1} << 20;
-
-/// The shape a planner plans for: the call's, or in batch-invariant mode the call's with
-/// its lengths and streams replaced by invariant_plan_length, so that the tiles depend on
-/// the head dims, group, element type and budget alone (PlanShape or BackwardShape).
-template <class Shape>
-Shape planned_shape(Shape shape, const ForwardOptions& options) {
-  if (options.batch_invariant) shape.seqlen_q = shape.seqlen_k = shape.kv_streams = invariant_plan_length;
-  return shape;
-}
-}  // namespace detail
-
-/// The tiles forward() chooses for a call of this shape with these options (the budget,
-/// and the thread count, which may split query tiles so that every worker has work): the
-/// planner itself, for inspection (plan_forward makes the plan a call reuses).
-inline TilePlan forward_tiles(const PlanShape& shape, const ForwardOptions& options = {}) {
-  return plan_forward_tiles(detail::planned_shape(shape, options), effective_sram_budget(options),
-                            worker_count(options.execution));
 }
 
 /// A forward call's plan (plan_forward): the tiles chosen for its shapes, budget and thread

@@ -120,8 +120,8 @@ void forward_paged_mla(const TensorView<Q>& q, const TensorView<L>& latent_cache
                        const PagedOptions& options = {}) {
   if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call = detail::mla_call(q, latent_cache, block_table, cache_seqlens, o, lse, options);
-    const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
-    detail::run_paged(call.params, plan, detail::latent_options(options));
+    const PagedPlan plan = kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+    detail::run_paged(call.params, plan, detail::latent_options(options), detail::PlanOrigin::this_call);
   }
 }
 
@@ -140,7 +140,7 @@ PagedPlan plan_forward_paged_mla(const TensorView<Q>& q, const TensorView<L>& la
                                  const PagedOptions& options = {}) {
   detail::check_mla_element_types<Q, L, O>();
   const auto call = detail::mla_call(q, latent_cache, block_table, cache_seqlens, o, lse, options);
-  return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+  return kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
 /// forward_paged_mla with a plan from plan_forward_paged_mla (checked against the call).
@@ -150,7 +150,7 @@ void forward_paged_mla(const PagedPlan& plan, const TensorView<Q>& q, const Tens
                        const TensorView<O>& o, LseView lse, const PagedOptions& options = {}) {
   if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call = detail::mla_call(q, latent_cache, block_table, cache_seqlens, o, lse, options);
-    detail::run_paged(call.params, plan, detail::latent_options(options));
+    detail::run_paged(call.params, plan, detail::latent_options(options), detail::PlanOrigin::caller);
   }
 }
 
@@ -163,8 +163,8 @@ void forward_paged_mla_varlen(const PackedView<Q>& q, const TensorView<L>& laten
   if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call =
         detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
-    const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
-    detail::run_paged(call.params, plan, detail::latent_options(options));
+    const PagedPlan plan = kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+    detail::run_paged(call.params, plan, detail::latent_options(options), detail::PlanOrigin::this_call);
   }
 }
 
@@ -176,7 +176,7 @@ PagedPlan plan_forward_paged_mla_varlen(const PackedView<Q>& q, const TensorView
                                         std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
   detail::check_mla_element_types<Q, L, O>();
   const auto call = detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
-  return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+  return kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
 /// forward_paged_mla_varlen with a plan from plan_forward_paged_mla_varlen (checked against the call).
@@ -188,7 +188,7 @@ void forward_paged_mla_varlen(const PagedPlan& plan, const PackedView<Q>& q, con
   if constexpr (detail::check_mla_element_types<Q, L, O>()) {
     const auto call =
         detail::mla_varlen_call(q, latent_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, options);
-    detail::run_paged(call.params, plan, detail::latent_options(options));
+    detail::run_paged(call.params, plan, detail::latent_options(options), detail::PlanOrigin::caller);
   }
 }
 

@@ -25,7 +25,8 @@
 // (PagedOptions::shared_prefix, shared_prefix_min_keys).
 //
 // A PagedPlan (plan_forward_paged) holds the tile plan, the chunking and the work list of a batch
-// shape; forward_paged(plan, ...) reuses it, e.g. across the layers of one decode step.
+// shape; forward_paged(plan, ...) reuses it, e.g. across the layers of one decode step. The
+// planner is kernels/paged_plan.hpp's; this header checks the calls, plans and runs them.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +41,7 @@
 #include "tileattn/forward.hpp"
 #include "tileattn/kernels/forward.hpp"
 #include "tileattn/kernels/merge.hpp"
+#include "tileattn/kernels/paged_plan.hpp"
 #include "tileattn/kernels/shared_prefix.hpp"
 #include "tileattn/merge_states.hpp"
 #include "tileattn/ops/hadamard.hpp"
@@ -53,86 +55,6 @@ using BlockTableView = StridedView<const std::int32_t, 2>;
 inline BlockTableView make_block_table(const std::int32_t* data, index_t batch, index_t max_pages) {
   return {data, {batch, max_pages}, {max_pages, 1}};
 }
-
-struct PagedOptions : ForwardOptions {
-  /// Split-KV: 0 chooses from the batch's shape (kernels/work_list.hpp); 1 never splits;
-  /// n > 1 cuts each sequence of at most 256 query rows (positions x group) into at most n
-  /// key chunks. Never depends on the thread count.
-  index_t num_splits = 0;
-  /// Prefix-once attention: sequences whose block tables start with the same page ids
-  /// (KvCache::fork, share_prefix) attend those keys once per group, all the members' query
-  /// rows in one product, and merge the result with their own keys' exactly. The plan
-  /// groups sequences that share at least shared_prefix_min_keys keys of whole pages, each
-  /// of whose query rows sees every shared key and that have at most 256 query rows
-  /// (positions x group; decode, verify). Not with ALiBi, a bias, a mask, batch_invariant or
-  /// rotary (nor in forward_paged_flex): those calls run per sequence. false: never.
-  bool shared_prefix = true;
-  index_t shared_prefix_min_keys = 256;
-};
-
-namespace detail {
-/// Split-KV's automatic choice: chunks of at least min_split_keys keys, sized so that the
-/// batch has about split_target_items (sequence, K/V head, chunk) items: enough for 16
-/// workers with 4 items each.
-inline constexpr index_t split_target_items = 64;
-inline constexpr index_t min_split_keys = 512;
-inline constexpr index_t split_max_query_rows = 256;
-/// Batch-invariant mode (ForwardOptions::batch_invariant): split-KV's chunk, fixed. A
-/// sequence of at most split_max_query_rows query rows and more keys is cut at multiples of
-/// it, whatever the rest of the batch: 2048 keys keep a 32k-token decode at 16 chunks per
-/// K/V head, enough to occupy 16 workers on one sequence with 8 K/V heads.
-inline constexpr index_t invariant_split_keys = 2048;
-}  // namespace detail
-
-/// A batch shape's plan: the tile plan, the key chunking and the work list, made once
-/// (plan_forward_paged) and reused by forward_paged for every call with the same shapes, query
-/// lengths, cache_seqlens, masks and options (checked; a mismatch throws "plan").
-/// Immutable: one plan may serve concurrent calls.
-class PagedPlan {
- public:
-  const TilePlan& tiles() const { return tiles_; }
-  /// Keys per split-KV chunk (0: no split).
-  index_t keys_per_split() const { return split_.keys_per_split; }
-  /// The partial-state rows split-KV and prefix-once write (each head_dim_v + 2 floats: O,
-  /// max and sum).
-  index_t partial_rows() const { return work_.partial_rows(); }
-  /// Prefix-once attention's groups and prefix pass (PagedOptions::shared_prefix); nullptr:
-  /// none, every sequence attends all its keys itself.
-  const kernels::SharedPrefixPlan* shared_prefix() const { return shared_prefix_.get(); }
-  /// Prefix-once attention's groups, in order of their first member: which sequences attend
-  /// which shared keys once together (empty: none; every sequence attends all its keys
-  /// itself). The same on every machine, micro-kernel set and SRAM budget: it depends on
-  /// the block table's page ids, the query lengths, the options and shared_prefix_min_keys.
-  std::span<const SharedPrefixGroup> shared_prefix_groups() const {
-    if (!shared_prefix_) return {};
-    return shared_prefix_->groups;
-  }
-  const kernels::KeySplit& split() const { return split_; }
-
-  struct Signature {  // everything the work list depends on
-    std::vector<index_t> shape;
-    std::vector<std::int32_t> q_lengths, cache_seqlens;
-    bool operator==(const Signature&) const = default;
-  };
-
-  PagedPlan(const TilePlan& tiles, const kernels::KeySplit& split, kernels::ForwardWorkList work, Signature sig,
-            std::shared_ptr<const kernels::SharedPrefixPlan> shared_prefix = nullptr)
-      : tiles_(tiles),
-        split_(split),
-        work_(std::move(work)),
-        signature_(std::move(sig)),
-        shared_prefix_(std::move(shared_prefix)) {}
-
-  const kernels::ForwardWorkList& work() const { return work_; }
-  const Signature& signature() const { return signature_; }
-
- private:
-  TilePlan tiles_;
-  kernels::KeySplit split_;
-  kernels::ForwardWorkList work_;
-  Signature signature_;
-  std::shared_ptr<const kernels::SharedPrefixPlan> shared_prefix_;
-};
 
 namespace detail {
 
@@ -153,116 +75,15 @@ constexpr bool check_paged_element_types() {
   }
 }
 
+/// Whether a run checks its plan against the call: a plan the caller passed in must have been
+/// made for this call (kernels::check_paged_plan); one the call made itself was, and is not
+/// checked again (one signature per call).
+enum class PlanOrigin { caller, this_call };
+
+/// Points p at a buffer of the plan's partial states (split-KV chunks, prefix-once), which
+/// it returns: the buffer must outlive the run.
 template <class T, class KV>
-PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedOptions& options) {
-  PagedPlan::Signature s;
-  s.shape = {p.batch(), p.heads(), p.heads_kv(), p.head_dim(), p.head_dim_v(), p.k.shape[dim::seqlen],
-             p.causal, static_cast<index_t>(p.alignment), p.diagonal_offset.has_value(),
-             p.diagonal_offset.value_or(0), p.window_left, p.window_right, p.attention_chunk,
-             static_cast<index_t>(effective_sram_budget(options)), options.num_splits, options.batch_invariant,
-             static_cast<index_t>(kernels::tile_operands_for<T, KV>()), options.shared_prefix,
-             options.shared_prefix_min_keys};
-  for (index_t b = 0; b < p.batch(); ++b) {
-    const SequenceRange seq = p.sequence(b);
-    s.q_lengths.push_back(static_cast<std::int32_t>(seq.q_len));
-    s.cache_seqlens.push_back(static_cast<std::int32_t>(seq.k_len));
-  }
-  return s;
-}
-
-/// The key chunking for a batch (independent of the thread count; see PagedOptions).
-/// kv_heads_per_item: K/V heads one work item takes (kernels::in_place_heads_per_item).
-template <class T, class KV>
-kernels::KeySplit choose_split(const ForwardParams<T, KV>& p, index_t key_tile, index_t longest,
-                               const PagedOptions& options, index_t kv_heads_per_item) {
-  const index_t num_splits = options.num_splits;
-  const auto round_to_tiles = [&](index_t keys) { return ceil_div(keys, key_tile) * key_tile; };
-  kernels::KeySplit split{0, split_max_query_rows};
-  if (num_splits == 1 || longest == 0) return split;
-  if (options.batch_invariant) {  // fixed chunks: a sequence splits (or not) by its own length
-    split.keys_per_split = round_to_tiles(invariant_split_keys);
-    return split;
-  }
-  if (num_splits > 1) {
-    split.keys_per_split = round_to_tiles(ceil_div(longest, num_splits));  // num_splits may be INT64_MAX
-  } else {
-    index_t keys = 0;
-    for (index_t b = 0; b < p.batch(); ++b) keys += p.sequence(b).k_len * (p.heads_kv() / kv_heads_per_item);
-    split.keys_per_split =
-        std::max(round_to_tiles(min_split_keys), round_to_tiles(ceil_div(keys, split_target_items)));
-  }
-  if (split.keys_per_split >= longest) split.keys_per_split = 0;
-  return split;
-}
-
-/// The plan of a paged call whose score modifiers come from `scores` (ops::BuiltinScores,
-/// or a flex call's ops::FlexScores: its block mask caps the key tile and shapes the work
-/// estimates).
-template <class T, class KV, class Scores>
-PagedPlan make_paged_plan_scored(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
-                                 const PagedOptions& options, const Scores& scores) {
-  PlanShape shape{p.head_dim(), p.head_dim_v(), longest_q, longest_k, p.group_size(),
-                  p.batch() * p.heads_kv(), kernels::tile_operands_for<T, KV>()};
-  shape.key_tile_limit = scores.key_tile_limit();
-  const TilePlan tiles = forward_tiles(shape, options);
-  const index_t heads_per_item = kernels::in_place_heads_per_item(p, tiles);
-  const kernels::KeySplit split = choose_split(p, tiles.key_tile_rows, longest_k, options, heads_per_item);
-  PagedPlan::Signature signature = paged_signature(p, options);
-  signature.shape.push_back(shape.key_tile_limit);
-  return {tiles, split, kernels::ForwardWorkList(p, tiles, split, heads_per_item, scores), std::move(signature)};
-}
-
-/// A plan with prefix-once groups ends its signature with this mark, which no other plan's
-/// has (a flex call cannot run one).
-inline constexpr index_t shared_prefix_mark = -32;
-
-/// Whether the options let a row's keys split at a shared prefix: the mask and scores of a
-/// prefix key must not depend on the query's position (no ALiBi, bias or mask; the window,
-/// causal diagonal and attention chunk are checked per sequence: every row must see every
-/// shared key), and batch-invariant mode keeps a sequence's bits apart from the batch's.
-/// Nor with rotary embedding: the prefix pass packs the members' queries into one sequence,
-/// whose rows start_query_block would rotate at that sequence's positions, not their own.
-template <class T, class KV>
-bool shared_prefix_allowed(const ForwardParams<T, KV>& p, const PagedOptions& options) {
-  return options.shared_prefix && !options.batch_invariant && p.alibi_slopes.empty() && !p.bias.data &&
-         !p.mask.data && !p.rotary.enabled() && p.paged();
-}
-
-/// The built-in scores' plan: make_paged_plan_scored's, with prefix-once groups where the
-/// block table has them (kernels/shared_prefix.hpp): the prefix pass's plan, and the batch's
-/// work list remade so that each member attends only the keys after its group's prefix.
-template <class T, class KV>
-PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, index_t longest_k,
-                          const PagedOptions& options) {
-  PagedPlan plan = make_paged_plan_scored(p, longest_q, longest_k, options, ops::BuiltinScores{});
-  if (!shared_prefix_allowed(p, options)) return plan;
-  auto groups = kernels::find_shared_prefixes(p, options.shared_prefix_min_keys,
-                                              split_max_query_rows);
-  if (groups.empty()) return plan;
-  auto shared = std::make_shared<const kernels::SharedPrefixPlan>(kernels::make_shared_prefix_plan(
-      p, std::move(groups), [&](const PlanShape& shape) { return forward_tiles(shape, options); },
-      [&](const auto& pass, index_t key_tile, index_t longest, index_t heads_per_item) {
-        return choose_split(pass, key_tile, longest, options, heads_per_item);
-      }));
-  kernels::ForwardWorkList work(p, plan.tiles(), plan.split(), plan.work().kv_heads_per_item(), ops::BuiltinScores{},
-                                {shared->of_sequence, shared->partial_rows()});
-  PagedPlan::Signature signature = plan.signature();
-  signature.shape.push_back(shared_prefix_mark);
-  return {plan.tiles(), plan.split(), std::move(work), std::move(signature), std::move(shared)};
-}
-
-/// What every planned call does first: checks that `plan` was made for this call (its
-/// signature, with the score source's key tile limit and, for a run with prefix-once
-/// groups, shared_prefix_mark: a plan with groups fails the check of a run without), and
-/// points p at a buffer of the plan's partial states (returned: it must outlive the run).
-template <class T, class KV>
-std::vector<float> start_planned_call(ForwardParams<T, KV>& p, const PagedPlan& plan, const PagedOptions& options,
-                                      index_t key_tile_limit, bool shared_prefix) {
-  PagedPlan::Signature signature = paged_signature(p, options);
-  signature.shape.push_back(key_tile_limit);
-  if (shared_prefix) signature.shape.push_back(shared_prefix_mark);
-  TILEATTN_REQUIRE(plan.signature() == signature, "plan",
-          "was made for another batch shape, cache_seqlens, mask or options");
+std::vector<float> partial_states_for(ForwardParams<T, KV>& p, const PagedPlan& plan) {
   std::vector<float> accum(static_cast<std::size_t>(plan.partial_rows() * (p.head_dim_v() + 2)));
   p.o_accum = accum.data();
   p.max_accum = p.o_accum + plan.partial_rows() * p.head_dim_v();
@@ -270,10 +91,13 @@ std::vector<float> start_planned_call(ForwardParams<T, KV>& p, const PagedPlan& 
   return accum;
 }
 
+/// Runs a checked paged call on `plan` with the score modifiers of `scores` (no prefix-once
+/// groups: a flex or top-k call, or a built-in one whose plan has none).
 template <class T, class KV, class Scores>
 void run_paged_scored(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options,
-                      const Scores& scores) {
-  const std::vector<float> accum = start_planned_call(p, plan, options, scores.key_tile_limit(), false);
+                      const Scores& scores, PlanOrigin origin) {
+  if (origin == PlanOrigin::caller) kernels::check_paged_plan(p, plan, options, scores.key_tile_limit(), false);
+  const std::vector<float> accum = partial_states_for(p, plan);
   const auto& work = plan.work();
   if (options.io_counts) {
     *options.io_counts =
@@ -286,10 +110,12 @@ void run_paged_scored(ForwardParams<T, KV> p, const PagedPlan& plan, const Paged
 /// A built-in call: run_paged_scored's, or with prefix-once groups the prefix pass and the
 /// batch's items together (kernels::run_shared_prefix), after the same checks.
 template <class T, class KV>
-void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options) {
+void run_paged(ForwardParams<T, KV> p, const PagedPlan& plan, const PagedOptions& options, PlanOrigin origin) {
   const kernels::SharedPrefixPlan* shared = plan.shared_prefix();
-  if (!shared) return run_paged_scored(std::move(p), plan, options, ops::BuiltinScores{});
-  const std::vector<float> accum = start_planned_call(p, plan, options, ops::BuiltinScores{}.key_tile_limit(), true);
+  if (!shared) return run_paged_scored(std::move(p), plan, options, ops::BuiltinScores{}, origin);
+  if (origin == PlanOrigin::caller)
+    kernels::check_paged_plan(p, plan, options, ops::BuiltinScores{}.key_tile_limit(), true);
+  const std::vector<float> accum = partial_states_for(p, plan);
   if (options.io_counts) {
     *options.io_counts = kernels::run_shared_prefix<CountingIo>(p, plan.tiles(), plan.work(), *shared, options.execution);
   } else {
@@ -378,7 +204,7 @@ PagedPlan plan_forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cach
   const auto call = detail::pool_typed_call<K>(detail::paged_call<O, detail::kernel_kv_t<K>>(
         q, {}, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table, cache_seqlens,
         o, lse, options));
-  return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+  return kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
 /// forward() of q [batch, seqlen_q, heads_q, head_dim] against the paged K/V of each
@@ -394,8 +220,8 @@ void forward_paged(const TensorView<Q>& q, const TensorView<K>& k_cache, const T
     const auto call = detail::pool_typed_call<K>(detail::paged_call<O, detail::kernel_kv_t<K>>(
         q, {}, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table, cache_seqlens,
         o, lse, options));
-    const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
-    detail::run_paged(call.params, plan, options);
+    const PagedPlan plan = kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+    detail::run_paged(call.params, plan, options, detail::PlanOrigin::this_call);
   }
 }
 
@@ -409,7 +235,7 @@ void forward_paged(const PagedPlan& plan, const TensorView<Q>& q, const TensorVi
     const auto call = detail::pool_typed_call<K>(detail::paged_call<O, detail::kernel_kv_t<K>>(
         q, {}, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table, cache_seqlens,
         o, lse, options));
-    detail::run_paged(call.params, plan, options);
+    detail::run_paged(call.params, plan, options, detail::PlanOrigin::caller);
   }
 }
 
@@ -450,8 +276,8 @@ void forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, 
     const auto call = detail::pool_typed_call<K>(detail::paged_varlen_call<O, detail::kernel_kv_t<K>>(
         q, cu_seqlens_q, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table,
         cache_seqlens, o, lse, options));
-    const PagedPlan plan = detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
-    detail::run_paged(call.params, plan, options);
+    const PagedPlan plan = kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+    detail::run_paged(call.params, plan, options, detail::PlanOrigin::this_call);
   }
 }
 
@@ -465,7 +291,7 @@ PagedPlan plan_forward_paged_varlen(const PackedView<Q>& q, const TensorView<K>&
   const auto call = detail::pool_typed_call<K>(detail::paged_varlen_call<O, detail::kernel_kv_t<K>>(
         q, cu_seqlens_q, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table,
         cache_seqlens, o, lse, options));
-  return detail::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
+  return kernels::make_paged_plan(call.params, call.longest_q, call.longest_k, options);
 }
 
 /// forward_paged_varlen with a plan from plan_forward_paged_varlen (checked against the call).
@@ -478,7 +304,7 @@ void forward_paged_varlen(const PagedPlan& plan, const PackedView<Q>& q, const T
     const auto call = detail::pool_typed_call<K>(detail::paged_varlen_call<O, detail::kernel_kv_t<K>>(
         q, cu_seqlens_q, detail::kernel_pool(k_cache), detail::kernel_pool(v_cache), block_table,
         cache_seqlens, o, lse, options));
-    detail::run_paged(call.params, plan, options);
+    detail::run_paged(call.params, plan, options, detail::PlanOrigin::caller);
   }
 }
 
@@ -497,12 +323,12 @@ void forward_paged_varlen(const PagedPlan& plan, const PackedView<Q>& q, const T
       const tileattn::TensorView<const KV>&, const tileattn::TensorView<const KV>&,                      \
       tileattn::BlockTableView, std::span<const std::int32_t>, const tileattn::PackedView<T>&,           \
       const tileattn::PackedLseView&, const tileattn::PagedOptions&);                                    \
-  KEYWORD template tileattn::PagedPlan tileattn::detail::make_paged_plan<T, KV>(                         \
+  KEYWORD template tileattn::PagedPlan tileattn::kernels::make_paged_plan<T, KV>(                        \
       const tileattn::ForwardParams<T, KV>&, tileattn::index_t, tileattn::index_t,                       \
       const tileattn::PagedOptions&);                                                                    \
-  KEYWORD template void tileattn::detail::run_paged<T, KV>(tileattn::ForwardParams<T, KV>,               \
-                                                           const tileattn::PagedPlan&,                  \
-                                                           const tileattn::PagedOptions&);
+  KEYWORD template void tileattn::detail::run_paged<T, KV>(                                              \
+      tileattn::ForwardParams<T, KV>, const tileattn::PagedPlan&, const tileattn::PagedOptions&,         \
+      tileattn::detail::PlanOrigin);
 
 // The combinations tileattn::instantiations compiles (src/instantiations_paged.cpp): those
 // that several of this project's translation units call, in the Release build and the

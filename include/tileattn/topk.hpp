@@ -112,9 +112,9 @@ void run_topk(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& 
   p.num_sequences = rows.rows();
   p.cache_seqlens = rows.counts.data();
   const ops::BuiltinScores scores;
-  const PagedPlan plan = make_paged_plan_scored(p, rows.rows() > 0 ? 1 : 0, rows.longest, options, scores);
+  const PagedPlan plan = kernels::make_paged_plan_scored(p, rows.rows() > 0 ? 1 : 0, rows.longest, options, scores);
   if (rows.rows() == 0) return;  // (planned all the same: a budget that fits no tile throws, as forward_paged's)
-  const std::vector<float> accum = start_planned_call(p, plan, options, scores.key_tile_limit(), false);
+  const std::vector<float> accum = partial_states_for(p, plan);
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo, kernels::GatheredPagedKv>(p, plan.tiles(), plan.work(),
                                                                                    options.execution, scores);

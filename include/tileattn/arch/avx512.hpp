@@ -790,7 +790,7 @@ inline bool all_finite(const std::int8_t* x, index_t n) { return generic::all_fi
 #endif  // __AVX512BW__ && __AVX512VL__
 
 // ---- Products with K or V rows read in place (float, bf16, fp16 or 8-bit rows, converted in
-// registers): the forward's decode path (kernels/forward.hpp, in_place_max_rows).
+// registers): the forward's decode path (kernels/forward.hpp; kernels/work_list.hpp, in_place_max_rows).
 
 namespace detail {
 inline __m512 load_floats(const float* p) { return _mm512_loadu_ps(p); }

@@ -125,7 +125,7 @@ struct ForwardOptions : ScoreOptions {
   /// gradients' bits) are the same whatever else is in the batch, for reproducible rollouts
   /// and evaluations. The tiles are planned from the head dims, GQA group, element type and
   /// budget alone (not the batch's longest sequence or its size), and forward_paged's
-  /// split-KV cuts every sequence at fixed multiples of detail::invariant_split_keys keys
+  /// split-KV cuts every sequence at fixed multiples of kernels::invariant_split_keys keys
   /// (num_splits must be 0 or 1). Costs: short batches get no extra query tiles for idle
   /// threads, and split-KV no longer adapts its chunks to the batch (docs/options.md).
   bool batch_invariant = false;
@@ -144,6 +144,24 @@ struct BackwardOptions : ForwardOptions {
   /// d(loss)/d(bias), the bias's own shape: dimensions it broadcasts (extent 1) are summed
   /// over. data == nullptr: not computed. Needs a bias.
   StridedView<float, 4> dbias{};
+};
+
+/// The paged calls' options (paged.hpp, flex.hpp, mla.hpp, topk.hpp): the forward's, and how
+/// the plan cuts a batch's keys (kernels/key_split.hpp, kernels/paged_plan.hpp).
+struct PagedOptions : ForwardOptions {
+  /// Split-KV: 0 chooses from the batch's shape (kernels/key_split.hpp); 1 never splits;
+  /// n > 1 cuts each sequence of at most 256 query rows (positions x group) into at most n
+  /// key chunks. Never depends on the thread count.
+  index_t num_splits = 0;
+  /// Prefix-once attention: sequences whose block tables start with the same page ids
+  /// (KvCache::fork, share_prefix) attend those keys once per group, all the members' query
+  /// rows in one product, and merge the result with their own keys' exactly. The plan
+  /// groups sequences that share at least shared_prefix_min_keys keys of whole pages, each
+  /// of whose query rows sees every shared key and that have at most 256 query rows
+  /// (positions x group; decode, verify). Not with ALiBi, a bias, a mask, batch_invariant or
+  /// rotary (nor in forward_paged_flex): those calls run per sequence. false: never.
+  bool shared_prefix = true;
+  index_t shared_prefix_min_keys = 256;
 };
 
 /// Packed variable-length batches as in FlashAttention's varlen API: sequence b owns rows

@@ -2,17 +2,21 @@
 //
 // A work item is a QueryBlock (kernels/work_list.hpp). It loads the Q tiles of its query
 // heads once (rotated at their positions when the call asks for rotary embedding:
-// ops/rotary.hpp), streams through SRAM only the K/V tiles some of its rows can see (causal and
-// windowed tiles outside the band are never loaded), applies the score modifiers, keeps
-// an online softmax, and writes O and LSE once, or, for one key chunk of a split-KV
-// sequence, its partial state, which a merge pass combines (run_merges). Where K and V
-// live is a policy: contiguous views (ContiguousKv) or a paged cache read through its block
-// table (PagedKv, for forward_paged); the loop is the same. K and V stored in 8 bits load
-// like any storage type; their scales, per (sequence or page, K/V head), multiply a key
-// tile's scores (K) and probabilities (V) (TileScales). Where V is K's first columns (MLA's
-// latent, ForwardParams::v_in_k), a key tile is read once: V's tile is made from K's in SRAM.
-// 4-bit K and V (blocks of values with their scale inside, core/block_quantized_types.hpp)
-// dequantize exactly into float tiles as they load, so the loop never sees their scales.
+// ops/rotary.hpp), streams only the K/V tiles some of its rows can see (causal and windowed
+// tiles outside the band are never loaded), applies the score modifiers, keeps an online
+// softmax, and writes O and LSE once, or, for one key chunk of a split-KV sequence, its
+// partial state, which a merge pass combines (run_merges).
+//
+// One key loop (forward_item) serves every forward call (contiguous, varlen, paged, flex,
+// top-k, MLA, prefix-once), in named phases: start, then per key tile skip, load, products,
+// softmax, accumulate, then finish. How a key tile reaches the products is the item's
+// loader (kernels/key_loaders.hpp): K^T and V packed into SRAM tiles (PackedLoader), or rows
+// read where they lie for decode (InPlaceLoader); where K and V live is the loader's Kv
+// source (kernels/kv_source.hpp). The products, the softmax and the accumulation
+// (attend_visible_rows -> attend_key_tile -> attend_slab) take either loader's operands.
+// Scales of 8-bit K and V come with a tile's operands (TileScalesRef) and multiply its
+// scores (K) and probabilities (V) in attend_slab; 4-bit blocks dequantize exactly as they
+// load, so the products never see their scales.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +30,7 @@
 #include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
+#include "tileattn/kernels/key_loaders.hpp"
 #include "tileattn/kernels/kv_source.hpp"
 #include "tileattn/kernels/merge.hpp"
 #include "tileattn/kernels/operands.hpp"
@@ -46,136 +51,6 @@
 
 namespace tileattn::kernels {
 
-
-/// Query rows per K/V group (positions x query heads) up to which a sequence reads K and V
-/// in place instead of packing them into SRAM tiles: decoding and short verify steps,
-/// where a packed K^T or V tile would serve too few rows to pay for the copy (docs/paged.md).
-inline constexpr index_t in_place_max_rows = 16;
-
-/// Whether sequence `seq`'s work items read K and V in place: head vectors contiguous in
-/// memory, and at most in_place_max_rows query rows per K/V group. A property of the
-/// sequence's shape alone, so every tiling and thread count agrees.
-template <class T, class KV>
-bool reads_kv_in_place(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
-  return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
-         seq.q_len * p.group_size() <= in_place_max_rows;
-}
-
-/// What a work item that reads K and V in place keeps in SRAM: float Q, S, O and the row
-/// statistics as ForwardTiles, and instead of K^T and V tiles the addresses of the key and
-/// value rows of the key tile (storage type T, converted in registers by the products).
-/// 4-bit blocks are staged: a key tile's K and V rows are dequantized into float rows
-/// (k_values, v_values: a straight row conversion, no transpose), which the float products
-/// then read in place.
-template <class T>
-struct InPlaceTiles {
-  static constexpr bool pairs = false;
-  static constexpr bool staged = block_quantized_type<T>;
-  using row_type = std::conditional_t<staged, float, T>;
-  Tile<float> q, s, o;
-  ops::RowStats stats;
-  TileVector<float> lse;
-  RowRefs<row_type> k_rows, v_rows;
-  Tile<float> k_values, v_values;  // staged only
-
-  /// The scratch pieces, in carving order: footprint() counts them and carve() carves them.
-  template <class Piece>
-  constexpr void pieces(Piece& piece, index_t br, index_t bc, index_t d, index_t dv) {
-    piece(q, br, d);   // (Br, d)
-    piece(s, br, bc);  // (Br, Bc)
-    piece(o, br, dv);  // (Br, dv)
-    stats.pieces(piece, br);
-    piece(lse, br);
-    piece(k_rows, bc);
-    piece(v_rows, bc);
-    if constexpr (staged) {
-      piece(k_values, bc, d);   // (Bc, d)
-      piece(v_values, bc, dv);  // (Bc, dv)
-    }
-  }
-  static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv) {
-    return pieces_bytes<InPlaceTiles>(br, bc, d, dv);
-  }
-  /// Rows of a work item that reads in place: at most in_place_max_rows.
-  static index_t rows(const TilePlan& plan) { return std::min(plan.packed_rows(), in_place_max_rows); }
-  static InPlaceTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
-    return carve_pieces<InPlaceTiles>(arena, rows(plan), plan.key_tile_rows, d, dv);
-  }
-};
-
-/// The largest key tile a plan makes (Bc <= max(head_dim, 64)): the bound of a tile's
-/// scale vectors.
-inline constexpr index_t max_key_tile_rows = std::max<index_t>(max_head_dim, 64);
-
-/// A key tile's dequantization scales of 8-bit K and V, one per key (nullptr: unscaled).
-struct TileScalesRef {
-  const float* k = nullptr;
-  const float* v = nullptr;
-};
-
-/// The scales of one work item's key tiles, loaded tile by tile (8-bit K/V with scales):
-/// two vectors of at most max_key_tile_rows floats, on the stack as the transposed load's
-/// staging block.
-struct TileScales {
-  ScaleSource k_source, v_source;
-  bool v_is_k = false;  // MLA's latent: V's scales are K's, loaded once
-  alignas(64) float k[max_key_tile_rows];
-  alignas(64) float v[max_key_tile_rows];
-
-  template <class Io>
-  TileScalesRef load(index_t col0, index_t cols, Io& io) {
-    assert(cols <= max_key_tile_rows);
-    TileScalesRef ref;
-    if (!k_source.empty()) {
-      load_scales(k, k_source, col0, cols, io);
-      ref.k = k;
-    }
-    if (v_is_k) {
-      ref.v = ref.k;
-    } else if (!v_source.empty()) {
-      load_scales(v, v_source, col0, cols, io);
-      ref.v = v;
-    }
-    return ref;
-  }
-};
-
-/// What 16- and 32-bit K/V have instead: no scales.
-struct NoTileScales {
-  template <class Io>
-  TileScalesRef load(index_t, index_t, Io&) { return {}; }
-};
-
-/// K and V of a work item in contiguous [batch, seqlen, heads, head_dim] views; 8-bit ones'
-/// scales per (sequence, K/V head).
-struct ContiguousKv {
-  template <class T, class KV, class View>
-  static auto matrix(const ForwardParams<T, KV>&, const View& view, const QueryBlock& blk) {
-    return sequence_matrix(view, blk.range.view_batch, blk.kv_head, blk.range.k_start, blk.range.k_len);
-  }
-  template <class T, class KV>
-  static ScaleSource scales(const ForwardParams<T, KV>&, const KvScaleView& s, const QueryBlock& blk) {
-    if (!s.data) return {};
-    return ScaleSource::contiguous(&s(blk.sequence, blk.kv_head));
-  }
-};
-
-/// K and V of a work item in page pools, through the sequence's row of the block table.
-struct PagedKv {
-  template <class T, class KV, class View>
-  static auto matrix(const ForwardParams<T, KV>& p, const View& view, const QueryBlock& blk) {
-    const auto& table = p.block_table;
-    return paged_head_matrix(view, table.ptr(blk.sequence, 0), table.stride[1], blk.kv_head, blk.range.k_len);
-  }
-  /// 8-bit K/V scales per (page, K/V head), through the block table.
-  template <class T, class KV>
-  static ScaleSource scales(const ForwardParams<T, KV>& p, const KvScaleView& s, const QueryBlock& blk) {
-    if (!s.data) return {};
-    const auto& table = p.block_table;
-    return ScaleSource::paged(s.ptr(0, blk.kv_head), s.stride[0],
-                              {table.ptr(blk.sequence, 0), table.stride[1], p.k.shape[dim::seqlen]});
-  }
-};
 
 namespace detail {
 /// S = Q K^T from a K^T tile (prepared or not) or from key rows read in place.
@@ -333,19 +208,6 @@ void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, c
     });
 }
 
-/// The scales of an item's K and V (8-bit K/V; nothing otherwise).
-template <class Kv, class T, class KV>
-auto item_scales(const ForwardParams<T, KV>& p, const QueryBlock& blk) {
-  std::conditional_t<quantized_type<KV>, TileScales, NoTileScales> scales;
-  if constexpr (quantized_type<KV>) {
-    scales.k_source = Kv::scales(p, p.k_scale, blk);
-    scales.v_source = Kv::scales(p, p.v_scale, blk);
-    scales.v_is_k = p.v_in_k && p.v_scale.data == p.k_scale.data && p.v_scale.stride == p.k_scale.stride &&
-                    p.v_scale.shape == p.k_scale.shape;
-  }
-  return scales;
-}
-
 /// Loads an item's queries into t.q (rotated at their positions when p.rotary is set: query
 /// i's is i + the diagonal's offset) and clears its output accumulator and statistics.
 template <class T, class KV, class Tiles, class Io>
@@ -388,171 +250,31 @@ KeyRange key_range(const QueryBlock& blk, const Mods& mods, index_t bc) {
   return {blk.key_begin + (key_first - blk.key_begin) / bc * bc, key_end};
 }
 
-/// A packed item: its queries, the key loop with K^T and V tiles, its output. `scores`
-/// gives the item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
-template <class Kv, class T, class KV, class Tiles, class Scores, class Io>
-void forward_query_block(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, Tiles& t,
-                         const Scores& scores, Io& io) {
+/// One work item: the forward's one key loop, whatever the loader (kernels/key_loaders.hpp)
+/// that brings its key tiles to the products. Phases: start (each head's queries, its
+/// output and statistics cleared), then per key tile skip (no rows see it: never loaded),
+/// load, and per head the products, the online softmax and the accumulation of O
+/// (attend_visible_rows), then finish (O and LSE, or a partial state). `scores` gives the
+/// item's score modifiers (ops::BuiltinScores, or ops::FlexScores).
+template <class Loader, class T, class KV, class Scores, class Io>
+  requires key_tile_loader<Loader, std::invoke_result_t<const Scores&, const ForwardParams<T, KV>&, index_t,
+                                                         const SequenceRange&>, Io>
+void forward_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, Loader& loader,
+                  const Scores& scores, Io& io) {
   const auto mods = scores(p, blk.sequence, blk.range);
-  const auto k = Kv::matrix(p, p.k, blk);
-  const auto v = Kv::matrix(p, p.v, blk);
-  auto scales = item_scales<Kv>(p, blk);
-  start_query_block(p, blk, t, io);
+  loader.for_each_head([&](auto& t, const QueryBlock& head) { start_query_block(p, head, t, io); });  // start
   const index_t bc = plan.key_tile_rows;
-  const KeyRange keys = key_range(blk, mods, bc);
-  [[maybe_unused]] ops::ProductScope products;  // (AMX: one tile configuration for the item)
-  attend_packed(t, k, v, p.v_in_k, scales, mods, blk.rows, keys.col_begin, keys.key_end, bc, io);
-  finish_query_block(p, blk, t, io);
-}
-
-/// The most K/V heads one in-place item takes (QueryBlock::kv_heads).
-inline constexpr index_t max_kv_heads_per_item = 16;
-
-/// The SRAM an in-place item of `heads` K/V heads carves: each head's InPlaceTiles, and
-/// the interleaved row addresses of one key tile of all of them (touch_head_rows).
-template <class KV>
-std::size_t in_place_item_bytes(const TilePlan& plan, index_t d, index_t dv, index_t heads) {
-  const index_t bc = plan.key_tile_rows;
-  return static_cast<std::size_t>(heads) * InPlaceTiles<KV>::footprint(InPlaceTiles<KV>::rows(plan), bc, d, dv) +
-         round_up_to_line(static_cast<std::size_t>(heads * bc) * sizeof(const void*));
-}
-
-/// K/V heads per work item (ForwardWorkList): for 8-bit K/V when every sequence reads K and
-/// V in place, the largest divisor of heads_kv (at most max_kv_heads_per_item) whose key
-/// tiles of K and V rows, with the item's tiles, take at most half the SRAM budget (the rows
-/// of one key tile stay in cache between the pass that streams them in and the products);
-/// else 1. Measured in one session (B 8, 4k and 16k, 2 threads): int8 14-17% faster
-/// grouped, fp32 within +-3%, bf16 8-15% slower, so 16- and 32-bit K/V keep one head per item.
-template <class T, class KV>
-index_t in_place_heads_per_item(const ForwardParams<T, KV>& p, const TilePlan& plan) {
-  if constexpr (sizeof(KV) > 1) return 1;
-  for (index_t b = 0; b < p.batch(); ++b)
-    if (!reads_kv_in_place(p, p.sequence(b))) return 1;
-  const auto rows_bytes = static_cast<std::size_t>(plan.key_tile_rows * (p.head_dim() + p.head_dim_v())) * sizeof(KV);
-  for (index_t g = std::min(p.heads_kv(), max_kv_heads_per_item); g > 1; --g)
-    if (p.heads_kv() % g == 0 &&
-        static_cast<std::size_t>(g) * rows_bytes + in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), g) <=
-            plan.sram_budget_bytes / 2)
-      return g;
-  return 1;
-}
-
-/// Streams one key tile's K (or V) rows of every head of an item into cache, key by key
-/// and head by head within a key: adjacent in memory, so one sequential pass per page.
-template <class KV>
-void touch_head_rows(const RowRefs<KV>* rows, index_t heads, const void** order) {
-  const index_t cols = rows[0].rows();
-  for (index_t r = 0; r < cols; ++r)
-    for (index_t h = 0; h < heads; ++h) order[r * heads + h] = rows[h].row(r);
-  arch::native::touch_rows(order, cols * heads, rows[0].cols() * static_cast<index_t>(sizeof(KV)));
-}
-
-/// refs[r] = the address of tile row r, r in [0, tile.rows()).
-inline void point_at_rows(RowRefs<float>& refs, const Tile<float>& tile) {
-  refs.set_extent(tile.rows(), tile.cols());
-  for (index_t r = 0; r < tile.rows(); ++r) refs.row_ref(r) = tile.row(r);
-}
-
-/// One key tile's K and V rows of an in-place item: their addresses, or, for 4-bit blocks,
-/// their values dequantized into the staging rows and those rows' addresses. v_in_k (MLA's
-/// latent): V's rows are K's, their first dv columns, never read a second time.
-template <class KV, class Src, class Io>
-void load_key_tile_rows(InPlaceTiles<KV>& t, const Src& k, const Src& v, bool v_in_k, index_t dv, index_t col0,
-                        index_t cols, Io& io) {
-  if constexpr (InPlaceTiles<KV>::staged) {
-    load_rows(t.k_values, k, col0, cols, io);  // (Bc, d), dequantized
-    point_at_rows(t.k_rows, t.k_values);
-    if (v_in_k) return value_refs_from_keys(t.v_rows, t.k_rows, dv);
-    load_rows(t.v_values, v, col0, cols, io);  // (Bc, dv)
-    point_at_rows(t.v_rows, t.v_values);
-  } else {
-    load_row_refs(t.k_rows, k, col0, cols, io);  // (Bc) key rows
-    if (v_in_k) value_refs_from_keys(t.v_rows, t.k_rows, dv);  // MLA: the same rows
-    else load_row_refs(t.v_rows, v, col0, cols, io);  // (Bc) value rows
-  }
-}
-
-/// An in-place item of blk.kv_heads K/V heads: every head's queries, then, key tile by key
-/// tile, the rows of all heads streamed in together (touch_head_rows) and each head's
-/// products on them, then every head's output. Each head computes exactly what an item of
-/// its own would: the results are the same bits for any kv_heads.
-template <class Kv, class T, class KV, class Scores, class Io>
-void forward_in_place_heads(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk,
-                            ScratchArena& arena, const Scores& scores, Io& io) {
-  using Src = decltype(Kv::matrix(p, p.k, blk));
-  const index_t n = blk.kv_heads, bc = plan.key_tile_rows;
-  assert(n >= 1 && n <= max_kv_heads_per_item);
-  const auto mods = scores(p, blk.sequence, blk.range);
-  QueryBlock head_blk[max_kv_heads_per_item];
-  using Rows = typename InPlaceTiles<KV>::row_type;
-  InPlaceTiles<KV> t[max_kv_heads_per_item];
-  RowRefs<Rows> k_rows[max_kv_heads_per_item], v_rows[max_kv_heads_per_item];
-  Src k[max_kv_heads_per_item], v[max_kv_heads_per_item];
-  for (index_t h = 0; h < n; ++h) {
-    head_blk[h] = blk;
-    head_blk[h].kv_head = blk.kv_head + h;
-    head_blk[h].rows.head0 = blk.rows.head0 + h * p.group_size();
-    head_blk[h].kv_heads = 1;
-    t[h] = InPlaceTiles<KV>::carve(arena, plan, p.head_dim(), p.head_dim_v());
-    k[h] = Kv::matrix(p, p.k, head_blk[h]);
-    v[h] = Kv::matrix(p, p.v, head_blk[h]);
-    start_query_block(p, head_blk[h], t[h], io);
-  }
-  const auto** order = arena.carve<const void*>(static_cast<std::size_t>(n * bc));
   const KeyRange keys = key_range(blk, mods, bc);
   for (index_t col0 = keys.col_begin; col0 < keys.key_end; col0 += bc) {
     const index_t cols = std::min(bc, keys.key_end - col0);
-    index_t active[max_kv_heads_per_item], heads = 0;  // the heads whose tile is not skipped (block mask)
-    for (index_t h = 0; h < n; ++h)
-      if (!mods.skips(head_blk[h].rows, col0, cols)) active[heads++] = h;
-    if (heads == 0) continue;
-    for (index_t a = 0; a < heads; ++a) {
-      const index_t h = active[a];
-      load_key_tile_rows(t[h], k[h], v[h], p.v_in_k, p.head_dim_v(), col0, cols, io);  // (Bc) key and value rows
-      k_rows[a] = t[h].k_rows;
-      v_rows[a] = t[h].v_rows;
-    }
-    if constexpr (!InPlaceTiles<KV>::staged) {  // (staged rows were just written: in cache)
-      touch_head_rows(k_rows, heads, order);  // (a software prefetch of the next tile's rows
-      if (!p.v_in_k) touch_head_rows(v_rows, heads, order);  // here gained nothing: docs/paged.md)
-    }
-    for (index_t a = 0; a < heads; ++a) {
-      const index_t h = active[a];
-      auto scales = item_scales<Kv>(p, head_blk[h]);
-      const TileScalesRef tile_scales = scales.load(col0, cols, io);
-      attend_visible_rows(t[h], t[h].k_rows, t[h].v_rows, tile_scales, mods, head_blk[h].rows, col0, cols, io);
-    }
+    if (!loader.select(mods, col0, cols)) continue;  // skip
+    loader.load(col0, cols, keys.key_end, io);       // load
+    loader.for_each_operand(col0, cols, io, [&](auto& t, const auto& k, const auto& v, const TileScalesRef& scales,
+                                                const ops::PackedRows& rows) {
+      attend_visible_rows(t, k, v, scales, mods, rows, col0, cols, io);  // products, softmax, accumulate
+    });
   }
-  for (index_t h = 0; h < n; ++h) finish_query_block(p, head_blk[h], t[h], io);
-}
-
-/// The key loop with K^T and V packed into SRAM tiles, the next tile's rows prefetched.
-/// Tiles the modifiers skip whole (a block mask's empty blocks) are never loaded.
-/// v_in_k (MLA's latent, ForwardParams::v_in_k): V's tile is made from the K^T tile in SRAM
-/// (ops::values_from_keys), never read from v: the latent is read once per key tile.
-template <class Op, class Src, class Scales, class Mods, class Io>
-void attend_packed(ForwardTiles<Op>& t, const Src& k, const Src& v, bool v_in_k, Scales& scales, const Mods& mods,
-                   const ops::PackedRows& rows, index_t col_begin, index_t key_end, index_t bc, Io& io) {
-  for (index_t col0 = col_begin; col0 < key_end; col0 += bc) {
-    const index_t cols = std::min(bc, key_end - col0);
-    if (mods.skips(rows, col0, cols)) continue;
-    load_rows_transposed(t.k_t, k, col0, cols, io);                // (d, Bc)
-    if (v_in_k) ops::values_from_keys(t.v, t.k_t, v.cols);         // (Bc, dv) from K^T, in SRAM
-    else load_rows_pairwise(t.v, v, col0, cols, io);               // (Bc, dv)
-    const TileScalesRef tile_scales = scales.load(col0, cols, io);  // 8-bit K/V: (Bc) each
-    if (const index_t next = col0 + cols; next < key_end) {  // (docs/performance.md: its measured effect)
-      prefetch_rows(k, next, std::min(bc, key_end - next));
-      if (!v_in_k) prefetch_rows(v, next, std::min(bc, key_end - next));
-    }
-    if constexpr (ForwardTiles<Op>::pairs) {
-      if (t.panels) {  // K^T and V as the products read them, once for all slabs
-        attend_visible_rows(t, ops::prepare_operand(t.k_t, t.k_packed.data()),
-                            ops::prepare_operand(t.v, t.v_packed.data()), tile_scales, mods, rows, col0, cols, io);
-        continue;
-      }
-    }
-    attend_visible_rows(t, t.k_t, t.v, tile_scales, mods, rows, col0, cols, io);
-  }
+  loader.for_each_head([&](auto& t, const QueryBlock& head) { finish_query_block(p, head, t, io); });  // finish
 }
 
 template <class T, class KV, class Tiles, class Io>
@@ -639,18 +361,21 @@ std::size_t in_place_bytes_of(const ForwardParams<T, KV>& p, const TilePlan& pla
   return in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
 }
 
-/// One work item on the calling worker: K and V read in place (forward_in_place_heads) or
-/// packed into SRAM tiles (forward_query_block), from the worker's scratch.
+/// One work item on the calling worker, from the worker's scratch: K and V read in place
+/// (InPlaceLoader) where the work list decided so (QueryBlock::in_place), else packed into
+/// SRAM tiles of the operand type the micro-kernels multiply (PackedLoader).
 template <class Kv, class T, class KV, class Scores, class Io>
 void run_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, std::size_t in_place_bytes,
               const Scores& scores, Io& counter) {
-  if (reads_kv_in_place(p, blk.range)) {
-    forward_in_place_heads<Kv>(p, plan, blk, worker_scratch(in_place_bytes), scores, counter);
+  if (blk.in_place) {
+    InPlaceLoader<Kv, T, KV> loader(p, plan, blk, worker_scratch(in_place_bytes));
+    forward_item(p, plan, blk, loader, scores, counter);
   } else {
     with_tile_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
       auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),
                                            plan.key_tile_rows, p.head_dim(), p.head_dim_v(), plan.panels);
-      forward_query_block<Kv>(p, plan, blk, tiles, scores, counter);
+      PackedLoader<Kv, T, KV, Op> loader(p, blk, tiles);
+      forward_item(p, plan, blk, loader, scores, counter);
     });
   }
 }

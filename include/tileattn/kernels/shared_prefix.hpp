@@ -26,7 +26,8 @@
 //   - run_shared_prefix: the prefix pass's items and the batch's own items in one parallel
 //     loop (prefix items first), then the merges, which add a sink once per row.
 // The options under which a row's keys may be split at the prefix (no ALiBi, bias or mask,
-// whose scores depend on where the query is; not batch-invariant) are paged.hpp's to check.
+// whose scores depend on where the query is; not batch-invariant) are the paged planner's to
+// check (kernels/paged_plan.hpp, shared_prefix_allowed).
 // Groups, chunks and tiles depend on the batch's shape and page ids only, never on the
 // thread count, so every thread count and backend gives the same bits.
 #pragma once
@@ -40,6 +41,7 @@
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/kernels/forward.hpp"
+#include "tileattn/kernels/key_split.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/kernels/work_list.hpp"
 #include "tileattn/ops/score_mods.hpp"
@@ -182,13 +184,12 @@ ForwardParams<T, KV> prefix_params(const ForwardParams<T, KV>& p, const std::vec
   return pp;
 }
 
-/// The prefix pass's plan for `groups` (find_shared_prefixes) of the batch p: tiles from
-/// plan_tiles(PlanShape) (forward_tiles with the call's options: budget, threads), the
-/// pass's key split from split_for(pass params, key tile, longest shared keys, K/V heads
-/// per item) (paged.hpp's choose_split), every group writing partial states.
-template <class T, class KV, class PlanTiles, class SplitFor>
+/// The prefix pass's plan for `groups` (find_shared_prefixes) of the batch p under the
+/// call's options: tiles from forward_tiles (the budget, the threads), the pass's key split
+/// from choose_split (kernels/key_split.hpp), every group writing partial states.
+template <class T, class KV>
 SharedPrefixPlan make_shared_prefix_plan(const ForwardParams<T, KV>& p, std::vector<SharedPrefixGroup> groups,
-                                         PlanTiles&& plan_tiles, SplitFor&& split_for) {
+                                         const PagedOptions& options) {
   std::vector<std::int32_t> cu_rows{0}, keys;
   index_t width = 0, longest_rows = 0, longest_keys = 0;
   for (const SharedPrefixGroup& g : groups) {
@@ -203,9 +204,9 @@ SharedPrefixPlan make_shared_prefix_plan(const ForwardParams<T, KV>& p, std::vec
   const ForwardParams<T, KV> pp = prefix_params<T, KV>(p, cu_rows, keys, width, nullptr, nullptr);
   PlanShape shape{p.head_dim(), p.head_dim_v(), longest_rows, longest_keys, p.group_size(),
                   static_cast<index_t>(groups.size()) * p.heads_kv(), tile_operands_for<T, KV>()};
-  const TilePlan tiles = plan_tiles(shape);
+  const TilePlan tiles = forward_tiles(shape, options);
   const index_t heads_per_item = in_place_heads_per_item(pp, tiles);
-  KeySplit split = split_for(pp, tiles.key_tile_rows, longest_keys, heads_per_item);
+  KeySplit split = choose_split(pp, tiles.key_tile_rows, longest_keys, options, heads_per_item);
   split.partial_states = true;
   ForwardWorkList work(pp, tiles, split, heads_per_item);
   std::vector<PrefixStates> of_sequence(static_cast<std::size_t>(p.batch()));

@@ -29,6 +29,11 @@
 // Results do not depend on P or Hc (key tiles sit at multiples of Bc, and rows never mix),
 // so neither the budget nor the worker count changes the bits: on one machine, a budget
 // changes only the query tiles.
+//
+// A call's options reach the planner through forward_tiles (and backward.hpp's
+// backward_tiles): the budget (effective_sram_budget), the shape as the planner sees it
+// (detail::planned_shape: batch-invariant mode plans for lengths no call has) and the
+// workers of the call's execution.
 #pragma once
 
 #include <algorithm>
@@ -37,10 +42,13 @@
 #include <string>
 
 #include "tileattn/arch/native.hpp"
+#include "tileattn/backend/parallel_for.hpp"
 #include "tileattn/core/error.hpp"
 #include "tileattn/core/half_types.hpp"
+#include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/tile_lists.hpp"
+#include "tileattn/memory/cache_size.hpp"
 
 namespace tileattn {
 
@@ -232,6 +240,34 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
   const index_t packed = positions * best.heads;
   return {positions, bc, best.heads, budget, forward_working_set_bytes(packed, bc, d, dv, shape.operands),
           shape.operands == TileOperands::bf16_panels};
+}
+
+/// The SRAM budget a call with these options runs under.
+inline std::size_t effective_sram_budget(const ForwardOptions& options) {
+  return options.sram_budget_bytes ? options.sram_budget_bytes : per_core_cache_bytes();
+}
+
+namespace detail {
+/// The sequence length and stream count the planners see in batch-invariant mode
+/// (ForwardOptions::batch_invariant): long enough that no plan is cut to a sequence.
+inline constexpr index_t invariant_plan_length = index_t{1} << 20;
+
+/// The shape a planner plans for: the call's, or in batch-invariant mode the call's with
+/// its lengths and streams replaced by invariant_plan_length, so that the tiles depend on
+/// the head dims, group, element type and budget alone (PlanShape or BackwardShape).
+template <class Shape>
+Shape planned_shape(Shape shape, const ForwardOptions& options) {
+  if (options.batch_invariant) shape.seqlen_q = shape.seqlen_k = shape.kv_streams = invariant_plan_length;
+  return shape;
+}
+}  // namespace detail
+
+/// The tiles forward() chooses for a call of this shape with these options (the budget,
+/// and the thread count, which may split query tiles so that every worker has work): the
+/// planner itself, for inspection (plan_forward makes the plan a call reuses).
+inline TilePlan forward_tiles(const PlanShape& shape, const ForwardOptions& options = {}) {
+  return plan_forward_tiles(detail::planned_shape(shape, options), effective_sram_budget(options),
+                            worker_count(options.execution));
 }
 
 }  // namespace tileattn

@@ -15,6 +15,10 @@
 // only on the shapes, never on the thread count, so every thread count gives the same
 // bits. The list holds one entry per (sequence, query tile, key chunk): O(N / Br) memory.
 //
+// K and V in place. Whether an item reads K and V where they lie (decoding, short verify
+// steps) or packs them into SRAM tiles is decided here, once, when the list is made
+// (reads_kv_in_place, QueryBlock::in_place): a property of the sequence's shape.
+//
 // K/V heads per item. When every sequence reads K and V in place (decoding, short verify
 // steps), an item may take kv_heads consecutive K/V heads: it then reads each key's rows of
 // all those heads, which lie next to each other in the [.., seqlen, heads_kv, head_dim]
@@ -33,26 +37,12 @@
 #include <vector>
 
 #include "tileattn/core/params.hpp"
+#include "tileattn/kernels/key_split.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
 #include "tileattn/ops/score_mods.hpp"
 #include "tileattn/ops/score_source.hpp"
 
 namespace tileattn::kernels {
-
-/// Which sequences split their keys, and where: sequences whose query rows (positions x
-/// query heads of a group) are at most max_query_rows, in chunks of keys_per_split keys (a
-/// multiple of the key tile). keys_per_split == 0: no split.
-struct KeySplit {
-  index_t keys_per_split = 0;
-  index_t max_query_rows = 0;
-  /// Every sequence writes partial states, one chunk at least, whose merges run elsewhere
-  /// (a shared prefix's pass: kernels/shared_prefix.hpp; merges() says where they are).
-  bool partial_states = false;
-
-  bool splits(index_t q_len, index_t group, index_t k_len) const {
-    return keys_per_split > 0 && q_len * group <= max_query_rows && k_len > keys_per_split;
-  }
-};
 
 /// Where a sequence's shared-prefix states are (kernels/shared_prefix.hpp): its keys
 /// [0, keys) were attended in `chunks` partial states, state c's row of query head h and
@@ -73,6 +63,20 @@ struct SharedPrefixes {
   index_t partial_base = 0;
 };
 
+/// Query rows per K/V group (positions x query heads) up to which a sequence reads K and V
+/// in place instead of packing them into SRAM tiles: decoding and short verify steps,
+/// where a packed K^T or V tile would serve too few rows to pay for the copy (docs/paged.md).
+inline constexpr index_t in_place_max_rows = 16;
+
+/// Whether sequence `seq`'s work items read K and V in place: head vectors contiguous in
+/// memory, and at most in_place_max_rows query rows per K/V group. A property of the
+/// sequence's shape alone, so every tiling and thread count agrees.
+template <class T, class KV>
+bool reads_kv_in_place(const ForwardParams<T, KV>& p, const SequenceRange& seq) {
+  return p.k.stride[dim::head_dim] == 1 && p.v.stride[dim::head_dim] == 1 &&
+         seq.q_len * p.group_size() <= in_place_max_rows;
+}
+
 struct QueryBlock {
   index_t sequence;      // batch index b
   SequenceRange range;   // where sequence b lives in the views
@@ -81,6 +85,7 @@ struct QueryBlock {
   index_t key_begin = 0, key_end = 0;  // the keys this item attends: [key_begin, key_end)
   index_t partial = -1;  // >= 0: first o_accum row of its partial state; -1: writes O
   index_t kv_heads = 1;  // K/V heads kv_head, kv_head + 1, ... this item attends (rows: the first's)
+  bool in_place = false;  // reads K and V where they lie (reads_kv_in_place), decided with the list
 };
 
 /// One split sequence's merge: `chunks` partial states, each heads_q x q_len rows from
@@ -128,7 +133,7 @@ class ForwardWorkList {
     const index_t head0 = kv_head * group_ + chunk * heads_per_tile_;
     const index_t heads = std::min(heads_per_tile_, (kv_head + 1) * group_ - head0);
     return {t.sequence, t.range, kv_head, {head0, heads, t.row0, t.rows}, t.key_begin, t.key_end, t.partial,
-            kv_heads_per_item_};
+            kv_heads_per_item_, t.in_place};
   }
 
   /// The split sequences' merges, and the partial-state rows (o_accum rows, max_accum and
@@ -144,6 +149,7 @@ class ForwardWorkList {
     index_t row0, rows;
     index_t keys;  // keys some row of the tile sees: the work-size estimate
     index_t key_begin, key_end, partial;
+    bool in_place;
   };
 
   /// Sequence b's tiles and key chunks: keys [prefix.keys, k_len) (a shared prefix's pass
@@ -153,6 +159,7 @@ class ForwardWorkList {
                     const Scores& scores, const PrefixStates& prefix) {
     const SequenceRange seq = p.sequence(b);
     const ops::KeyWindow window = ops::KeyWindow::of(p, seq);
+    const bool in_place = reads_kv_in_place(p, seq);
     const index_t lo = prefix.chunks > 0 ? prefix.keys : 0, own = seq.k_len - lo;  // keys of its own items
     const bool cut = split.splits(seq.q_len, group_, own);
     const bool split_keys = cut || split.partial_states || prefix.chunks > 0;  // partial states, merged
@@ -169,7 +176,7 @@ class ForwardWorkList {
         const index_t first = std::max(begin, window.first(row0));
         const index_t keys = scores.estimate_keys(
             b, row0, rows, first, std::max<index_t>(0, std::min(end, window.end(row0 + rows - 1)) - first));
-        tiles_.push_back({b, seq, row0, rows, keys, begin, end, partial});
+        tiles_.push_back({b, seq, row0, rows, keys, begin, end, partial, in_place});
       }
     }
     if (split_keys) partial_rows_ += key_chunks * p.heads() * seq.q_len;

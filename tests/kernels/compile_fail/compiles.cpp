@@ -1,5 +1,5 @@
 // The control: the kernels instantiated with every policy tileattn ships (IO policies, K/V
-// sources, score sources, built-in and flex) compile with the same flags as the cases beside
+// sources, key tile loaders, score sources, built-in and flex) compile with the same flags as the cases beside
 // it, so their failures come from the concepts, not from the set-up; and each policy
 // satisfies its concept. And forward/backward on float views, the control of the double_*
 // cases.
@@ -8,6 +8,7 @@
 #include <tileattn/flex.hpp>
 #include <tileattn/tileattn.hpp>
 
+#include <type_traits>
 #include <vector>
 
 using namespace kernels_case;
@@ -24,6 +25,12 @@ static_assert(kernels::kv_source<kernels::ContiguousKv, tileattn::ForwardParams<
 static_assert(kernels::kv_source<kernels::ContiguousKv, tileattn::ForwardParams<float, std::int8_t>>);
 static_assert(kernels::kv_source<kernels::PagedKv, tileattn::ForwardParams<tileattn::bf16>>);
 static_assert(kernels::kv_source<kernels::PagedKv, tileattn::ForwardParams<float, tileattn::fp8_e4m3>>);
+using builtin_mods = std::invoke_result_t<const ops::BuiltinScores&, const tileattn::ForwardParams<float>&, index_t,
+                                          const tileattn::SequenceRange&>;
+static_assert(kernels::key_tile_loader<kernels::PackedLoader<kernels::ContiguousKv, float, float, float>, builtin_mods,
+                                       tileattn::NoIoCounting>);
+static_assert(kernels::key_tile_loader<kernels::InPlaceLoader<kernels::PagedKv, float, std::int8_t>, builtin_mods,
+                                       tileattn::CountingIo>);
 static_assert(ops::forward_score_source<ops::BuiltinScores, tileattn::ForwardParams<float>, tileattn::CountingIo>);
 static_assert(ops::backward_score_source<ops::BuiltinScores, tileattn::BackwardParams<float>, tileattn::CountingIo>);
 static_assert(ops::forward_score_source<flex_causal, tileattn::ForwardParams<float>, tileattn::NoIoCounting>);

@@ -1,0 +1,372 @@
+// tileattn/kernels/key_loaders.hpp: how a key tile reaches the products: the forward's
+// loaders, the policies of its one key loop (kernels/forward.hpp, forward_item).
+//
+// A work item's loader holds the SRAM tiles of its query rows (one set per K/V head it
+// attends) and, key tile by key tile, says which of its heads see the tile (select), brings
+// the tile's K and V in (load), and hands each head's operands to the loop's products with
+// the dequantization scales that go with them (for_each_operand). The loop calls the same
+// phases in the same order whatever the loader: skip, load, products, softmax, accumulate,
+// finish (kernels/forward.hpp). The contract is the concept key_tile_loader below.
+//
+//   PackedLoader    K^T and V copied into SRAM tiles (float, or bf16 pairs; in panels the
+//                   products read directly where the micro-kernel set multiplies prepared
+//                   operands: AMX), the next tile's rows prefetched; V made from K^T in
+//                   SRAM where V is K's first columns (MLA's latent, ForwardParams::v_in_k).
+//                   One K/V head: a query block with one head.
+//   InPlaceLoader   K and V rows read where they lie (RowRefs; decode and short verify steps,
+//                   QueryBlock::in_place), several K/V heads streamed in together
+//                   (touch_head_rows), 4-bit blocks staged: dequantized into float rows.
+//
+// Where K and V live is the loaders' Kv policy (kernels/kv_source.hpp: contiguous, paged,
+// gathered). Scales of 8-bit K and V come with the operands (TileScalesRef, one per key);
+// 4-bit blocks carry theirs inside and dequantize exactly as they load. The next issue's
+// loaders (pages already in the products' operand layout, quantized codes multiplied
+// without conversion) are new models of the same concept.
+#pragma once
+
+#include <algorithm>
+#include <cassert>
+#include <concepts>
+#include <type_traits>
+#include <utility>
+
+#include "tileattn/arch/native.hpp"
+#include "tileattn/core/limits.hpp"
+#include "tileattn/core/params.hpp"
+#include "tileattn/core/quantized_types.hpp"
+#include "tileattn/core/scale_source.hpp"
+#include "tileattn/core/tile.hpp"
+#include "tileattn/kernels/kv_source.hpp"
+#include "tileattn/kernels/operands.hpp"
+#include "tileattn/kernels/tile_lists.hpp"
+#include "tileattn/kernels/tile_plan.hpp"
+#include "tileattn/kernels/work_list.hpp"
+#include "tileattn/memory/scratch_arena.hpp"
+#include "tileattn/memory/tile_io.hpp"
+#include "tileattn/ops/matmul.hpp"
+#include "tileattn/ops/operand_layout.hpp"
+
+namespace tileattn::kernels {
+
+/// What a work item that reads K and V in place keeps in SRAM: float Q, S, O and the row
+/// statistics as ForwardTiles, and instead of K^T and V tiles the addresses of the key and
+/// value rows of the key tile (storage type T, converted in registers by the products).
+/// 4-bit blocks are staged: a key tile's K and V rows are dequantized into float rows
+/// (k_values, v_values: a straight row conversion, no transpose), which the float products
+/// then read in place.
+template <class T>
+struct InPlaceTiles {
+  static constexpr bool pairs = false;
+  static constexpr bool staged = block_quantized_type<T>;
+  using row_type = std::conditional_t<staged, float, T>;
+  Tile<float> q, s, o;
+  ops::RowStats stats;
+  TileVector<float> lse;
+  RowRefs<row_type> k_rows, v_rows;
+  Tile<float> k_values, v_values;  // staged only
+
+  /// The scratch pieces, in carving order: footprint() counts them and carve() carves them.
+  template <class Piece>
+  constexpr void pieces(Piece& piece, index_t br, index_t bc, index_t d, index_t dv) {
+    piece(q, br, d);   // (Br, d)
+    piece(s, br, bc);  // (Br, Bc)
+    piece(o, br, dv);  // (Br, dv)
+    stats.pieces(piece, br);
+    piece(lse, br);
+    piece(k_rows, bc);
+    piece(v_rows, bc);
+    if constexpr (staged) {
+      piece(k_values, bc, d);   // (Bc, d)
+      piece(v_values, bc, dv);  // (Bc, dv)
+    }
+  }
+  static constexpr std::size_t footprint(index_t br, index_t bc, index_t d, index_t dv) {
+    return pieces_bytes<InPlaceTiles>(br, bc, d, dv);
+  }
+  /// Rows of a work item that reads in place: at most in_place_max_rows.
+  static index_t rows(const TilePlan& plan) { return std::min(plan.packed_rows(), in_place_max_rows); }
+  static InPlaceTiles carve(ScratchArena& arena, const TilePlan& plan, index_t d, index_t dv) {
+    return carve_pieces<InPlaceTiles>(arena, rows(plan), plan.key_tile_rows, d, dv);
+  }
+};
+
+/// The largest key tile a plan makes (Bc <= max(head_dim, 64)): the bound of a tile's
+/// scale vectors.
+inline constexpr index_t max_key_tile_rows = std::max<index_t>(max_head_dim, 64);
+
+/// A key tile's dequantization scales of 8-bit K and V, one per key (nullptr: unscaled).
+struct TileScalesRef {
+  const float* k = nullptr;
+  const float* v = nullptr;
+};
+
+/// The scales of one work item's key tiles, loaded tile by tile (8-bit K/V with scales):
+/// two vectors of at most max_key_tile_rows floats, on the stack as the transposed load's
+/// staging block.
+struct TileScales {
+  ScaleSource k_source, v_source;
+  bool v_is_k = false;  // MLA's latent: V's scales are K's, loaded once
+  alignas(64) float k[max_key_tile_rows];
+  alignas(64) float v[max_key_tile_rows];
+
+  template <class Io>
+  TileScalesRef load(index_t col0, index_t cols, Io& io) {
+    assert(cols <= max_key_tile_rows);
+    TileScalesRef ref;
+    if (!k_source.empty()) {
+      load_scales(k, k_source, col0, cols, io);
+      ref.k = k;
+    }
+    if (v_is_k) {
+      ref.v = ref.k;
+    } else if (!v_source.empty()) {
+      load_scales(v, v_source, col0, cols, io);
+      ref.v = v;
+    }
+    return ref;
+  }
+};
+
+/// What 16- and 32-bit K/V have instead: no scales.
+struct NoTileScales {
+  template <class Io>
+  TileScalesRef load(index_t, index_t, Io&) { return {}; }
+};
+
+/// The scales of an item's K and V (8-bit K/V; nothing otherwise).
+template <class Kv, class T, class KV>
+auto item_scales(const ForwardParams<T, KV>& p, const QueryBlock& blk) {
+  std::conditional_t<quantized_type<KV>, TileScales, NoTileScales> scales;
+  if constexpr (quantized_type<KV>) {
+    scales.k_source = Kv::scales(p, p.k_scale, blk);
+    scales.v_source = Kv::scales(p, p.v_scale, blk);
+    scales.v_is_k = p.v_in_k && p.v_scale.data == p.k_scale.data && p.v_scale.stride == p.k_scale.stride &&
+                    p.v_scale.shape == p.k_scale.shape;
+  }
+  return scales;
+}
+
+/// The most K/V heads one in-place item takes (QueryBlock::kv_heads).
+inline constexpr index_t max_kv_heads_per_item = 16;
+
+/// The SRAM an in-place item of `heads` K/V heads carves: each head's InPlaceTiles, and
+/// the interleaved row addresses of one key tile of all of them (touch_head_rows).
+template <class KV>
+std::size_t in_place_item_bytes(const TilePlan& plan, index_t d, index_t dv, index_t heads) {
+  const index_t bc = plan.key_tile_rows;
+  return static_cast<std::size_t>(heads) * InPlaceTiles<KV>::footprint(InPlaceTiles<KV>::rows(plan), bc, d, dv) +
+         round_up_to_line(static_cast<std::size_t>(heads * bc) * sizeof(const void*));
+}
+
+/// K/V heads per work item (ForwardWorkList): for 8-bit K/V when every sequence reads K and
+/// V in place, the largest divisor of heads_kv (at most max_kv_heads_per_item) whose key
+/// tiles of K and V rows, with the item's tiles, take at most half the SRAM budget (the rows
+/// of one key tile stay in cache between the pass that streams them in and the products);
+/// else 1. Measured in one session (B 8, 4k and 16k, 2 threads): int8 14-17% faster
+/// grouped, fp32 within +-3%, bf16 8-15% slower, so 16- and 32-bit K/V keep one head per item.
+template <class T, class KV>
+index_t in_place_heads_per_item(const ForwardParams<T, KV>& p, const TilePlan& plan) {
+  if constexpr (sizeof(KV) > 1) return 1;
+  for (index_t b = 0; b < p.batch(); ++b)
+    if (!reads_kv_in_place(p, p.sequence(b))) return 1;
+  const auto rows_bytes = static_cast<std::size_t>(plan.key_tile_rows * (p.head_dim() + p.head_dim_v())) * sizeof(KV);
+  for (index_t g = std::min(p.heads_kv(), max_kv_heads_per_item); g > 1; --g)
+    if (p.heads_kv() % g == 0 &&
+        static_cast<std::size_t>(g) * rows_bytes + in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), g) <=
+            plan.sram_budget_bytes / 2)
+      return g;
+  return 1;
+}
+
+/// Streams one key tile's K (or V) rows of every head of an item into cache, key by key
+/// and head by head within a key: adjacent in memory, so one sequential pass per page.
+template <class KV>
+void touch_head_rows(const RowRefs<KV>* rows, index_t heads, const void** order) {
+  const index_t cols = rows[0].rows();
+  for (index_t r = 0; r < cols; ++r)
+    for (index_t h = 0; h < heads; ++h) order[r * heads + h] = rows[h].row(r);
+  arch::native::touch_rows(order, cols * heads, rows[0].cols() * static_cast<index_t>(sizeof(KV)));
+}
+
+/// refs[r] = the address of tile row r, r in [0, tile.rows()).
+inline void point_at_rows(RowRefs<float>& refs, const Tile<float>& tile) {
+  refs.set_extent(tile.rows(), tile.cols());
+  for (index_t r = 0; r < tile.rows(); ++r) refs.row_ref(r) = tile.row(r);
+}
+
+/// One key tile's K and V rows of an in-place item: their addresses, or, for 4-bit blocks,
+/// their values dequantized into the staging rows and those rows' addresses. v_in_k (MLA's
+/// latent): V's rows are K's, their first dv columns, never read a second time.
+template <class KV, class Src, class Io>
+void load_key_tile_rows(InPlaceTiles<KV>& t, const Src& k, const Src& v, bool v_in_k, index_t dv, index_t col0,
+                        index_t cols, Io& io) {
+  if constexpr (InPlaceTiles<KV>::staged) {
+    load_rows(t.k_values, k, col0, cols, io);  // (Bc, d), dequantized
+    point_at_rows(t.k_rows, t.k_values);
+    if (v_in_k) return value_refs_from_keys(t.v_rows, t.k_rows, dv);
+    load_rows(t.v_values, v, col0, cols, io);  // (Bc, dv)
+    point_at_rows(t.v_rows, t.v_values);
+  } else {
+    load_row_refs(t.k_rows, k, col0, cols, io);  // (Bc) key rows
+    if (v_in_k) value_refs_from_keys(t.v_rows, t.k_rows, dv);  // MLA: the same rows
+    else load_row_refs(t.v_rows, v, col0, cols, io);  // (Bc) value rows
+  }
+}
+
+/// What the key loop asks of a loader L (file comment) for an item whose score modifiers are
+/// Mods, counting traffic in Io: for_each_head(f) calls f(tiles, head's QueryBlock) for each
+/// K/V head's tiles (the loop starts and finishes them); select(mods, col0, cols) says whether
+/// any head's rows see keys [col0, col0 + cols) (false: the tile is skipped, never loaded);
+/// load(col0, cols, key_end, io) brings the tile in; for_each_operand(col0, cols, io, f)
+/// calls f(tiles, K operand, V operand, TileScalesRef, rows) for each head that sees it.
+struct OperandSink {
+  template <class... A>
+  void operator()(A&&...) const {}
+};
+template <class L, class Mods, class Io>
+concept key_tile_loader = requires(L& l, const Mods& mods, index_t i, Io& io) {
+  l.for_each_head(OperandSink{});
+  { l.select(mods, i, i) } -> std::same_as<bool>;
+  l.load(i, i, i, io);
+  l.for_each_operand(i, i, io, OperandSink{});
+};
+
+/// The packed loader (file comment): an item's rows against K^T and V tiles in SRAM.
+/// Holds the item's AMX tile configuration (ops::ProductScope) while it lives.
+template <class Kv, class T, class KV, class Op>
+class PackedLoader {
+ public:
+  using Src = source_matrix_t<Kv, T, KV>;
+
+  PackedLoader(const ForwardParams<T, KV>& p, const QueryBlock& blk, ForwardTiles<Op>& t)
+      : blk_(blk), t_(t), k_(Kv::matrix(p, p.k, blk)), v_(Kv::matrix(p, p.v, blk)), v_in_k_(p.v_in_k),
+        scales_(item_scales<Kv>(p, blk)) {}
+  PackedLoader(const PackedLoader&) = delete;
+  PackedLoader& operator=(const PackedLoader&) = delete;
+
+  template <class F>
+  void for_each_head(F&& f) { f(t_, blk_); }
+
+  /// Tiles the modifiers skip whole (a block mask's empty blocks) are never loaded.
+  template <class Mods>
+  bool select(const Mods& mods, index_t col0, index_t cols) const { return !mods.skips(blk_.rows, col0, cols); }
+
+  /// K^T and V (or V from K^T, in SRAM: the latent is read once per key tile), the tile's
+  /// 8-bit scales, and a prefetch of the next tile's rows.
+  template <class Io>
+  void load(index_t col0, index_t cols, index_t key_end, Io& io) {
+    load_rows_transposed(t_.k_t, k_, col0, cols, io);                // (d, Bc)
+    if (v_in_k_) ops::values_from_keys(t_.v, t_.k_t, v_.cols);       // (Bc, dv) from K^T, in SRAM
+    else load_rows_pairwise(t_.v, v_, col0, cols, io);               // (Bc, dv)
+    tile_scales_ = scales_.load(col0, cols, io);                     // 8-bit K/V: (Bc) each
+    if (const index_t next = col0 + cols; next < key_end) {  // (docs/performance.md: its measured effect)
+      prefetch_rows(k_, next, std::min(cols, key_end - next));
+      if (!v_in_k_) prefetch_rows(v_, next, std::min(cols, key_end - next));
+    }
+  }
+
+  /// The tile's operands: in panels, K^T and V as the products read them, prepared once for
+  /// all slabs; else the tiles themselves.
+  template <class Io, class F>
+  void for_each_operand(index_t, index_t, Io&, F&& f) {
+    if constexpr (ForwardTiles<Op>::pairs) {
+      if (t_.panels) {
+        f(t_, ops::prepare_operand(t_.k_t, t_.k_packed.data()), ops::prepare_operand(t_.v, t_.v_packed.data()),
+          std::as_const(tile_scales_), blk_.rows);
+        return;
+      }
+    }
+    f(t_, std::as_const(t_.k_t), std::as_const(t_.v), std::as_const(tile_scales_), blk_.rows);
+  }
+
+ private:
+  const QueryBlock& blk_;
+  ForwardTiles<Op>& t_;
+  Src k_, v_;
+  bool v_in_k_;
+  std::conditional_t<quantized_type<KV>, TileScales, NoTileScales> scales_;
+  TileScalesRef tile_scales_{};
+  [[maybe_unused]] ops::ProductScope products_;  // (AMX: one tile configuration for the item)
+};
+
+/// The in-place loader (file comment): an item of blk.kv_heads K/V heads, each with the
+/// InPlaceTiles of its query rows; key tile by key tile, the rows of every head that sees it
+/// streamed in together, then each head's products on them. Each head computes exactly what
+/// an item of its own would: the results are the same bits for any kv_heads.
+template <class Kv, class T, class KV>
+class InPlaceLoader {
+ public:
+  using Src = source_matrix_t<Kv, T, KV>;
+  using Rows = typename InPlaceTiles<KV>::row_type;
+
+  InPlaceLoader(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, ScratchArena& arena)
+      : p_(p), n_(blk.kv_heads) {
+    assert(n_ >= 1 && n_ <= max_kv_heads_per_item);
+    for (index_t h = 0; h < n_; ++h) {
+      head_blk_[h] = blk;
+      head_blk_[h].kv_head = blk.kv_head + h;
+      head_blk_[h].rows.head0 = blk.rows.head0 + h * p.group_size();
+      head_blk_[h].kv_heads = 1;
+      t_[h] = InPlaceTiles<KV>::carve(arena, plan, p.head_dim(), p.head_dim_v());
+      k_[h] = Kv::matrix(p, p.k, head_blk_[h]);
+      v_[h] = Kv::matrix(p, p.v, head_blk_[h]);
+    }
+    order_ = arena.carve<const void*>(static_cast<std::size_t>(n_ * plan.key_tile_rows));
+  }
+  InPlaceLoader(const InPlaceLoader&) = delete;
+  InPlaceLoader& operator=(const InPlaceLoader&) = delete;
+
+  template <class F>
+  void for_each_head(F&& f) {
+    for (index_t h = 0; h < n_; ++h) f(t_[h], std::as_const(head_blk_[h]));
+  }
+
+  /// The heads whose rows see the tile (a block mask may skip it for some).
+  template <class Mods>
+  bool select(const Mods& mods, index_t col0, index_t cols) {
+    active_ = 0;
+    for (index_t h = 0; h < n_; ++h)
+      if (!mods.skips(head_blk_[h].rows, col0, cols)) heads_[active_++] = h;
+    return active_ > 0;
+  }
+
+  /// Every active head's key and value rows (their addresses, or 4-bit rows staged), then
+  /// all of them streamed into cache together, key by key (touch_head_rows).
+  template <class Io>
+  void load(index_t col0, index_t cols, index_t, Io& io) {
+    for (index_t a = 0; a < active_; ++a) {
+      const index_t h = heads_[a];
+      load_key_tile_rows(t_[h], k_[h], v_[h], p_.v_in_k, p_.head_dim_v(), col0, cols, io);  // (Bc) key and value rows
+      k_rows_[a] = t_[h].k_rows;
+      v_rows_[a] = t_[h].v_rows;
+    }
+    if constexpr (!InPlaceTiles<KV>::staged) {  // (staged rows were just written: in cache)
+      touch_head_rows(k_rows_, active_, order_);  // (a software prefetch of the next tile's rows
+      if (!p_.v_in_k) touch_head_rows(v_rows_, active_, order_);  // here gained nothing: docs/paged.md)
+    }
+  }
+
+  /// Each active head's key and value rows with the tile's 8-bit scales.
+  template <class Io, class F>
+  void for_each_operand(index_t col0, index_t cols, Io& io, F&& f) {
+    for (index_t a = 0; a < active_; ++a) {
+      const index_t h = heads_[a];
+      auto scales = item_scales<Kv>(p_, head_blk_[h]);
+      const TileScalesRef tile_scales = scales.load(col0, cols, io);
+      f(t_[h], std::as_const(t_[h].k_rows), std::as_const(t_[h].v_rows), tile_scales, head_blk_[h].rows);
+    }
+  }
+
+ private:
+  const ForwardParams<T, KV>& p_;
+  index_t n_;
+  QueryBlock head_blk_[max_kv_heads_per_item];
+  InPlaceTiles<KV> t_[max_kv_heads_per_item];
+  Src k_[max_kv_heads_per_item], v_[max_kv_heads_per_item];
+  RowRefs<Rows> k_rows_[max_kv_heads_per_item], v_rows_[max_kv_heads_per_item];
+  const void** order_ = nullptr;
+  index_t heads_[max_kv_heads_per_item];  // the heads that see the current tile
+  index_t active_ = 0;
+};
+
+}  // namespace tileattn::kernels
