@@ -145,7 +145,7 @@ void forward_paged_flex(const TensorView<Q>& q, const TensorView<K>& k_cache, co
 /// forward_paged_flex() with queries of varying lengths (forward_paged_varlen()'s layout): a
 /// block mask covers [batch or 1, heads or 1, max query length, max(cache_seqlens)].
 template <class Q, class K, class V, class O, class ScoreMod, class Mask>
-void forward_paged_varlen_flex(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+void forward_paged_flex_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
                                BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                                const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
                                const ScoreMod& score_mod, const Mask& mask, const PagedOptions& options = {}) {
@@ -155,6 +155,18 @@ void forward_paged_varlen_flex(const PackedView<Q>& q, const TensorView<K>& k_ca
                                                                            block_table, cache_seqlens, o, lse, options);
     detail::run_paged_flex(call, options, detail::flex_scores(score_mod, mask));
   }
+}
+
+/// The name forward_paged_flex_varlen had before the suffixes took the API rule's order
+/// ([_paged][_flex][_varlen], docs/api.md).
+template <class Q, class K, class V, class O, class ScoreMod, class Mask>
+[[deprecated("renamed forward_paged_flex_varlen (the API rule's suffix order, docs/api.md)")]]
+void forward_paged_varlen_flex(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                               BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                               const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                               const ScoreMod& score_mod, const Mask& mask, const PagedOptions& options = {}) {
+  forward_paged_flex_varlen(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, cu_seqlens_q, score_mod, mask,
+                            options);
 }
 
 /// The gradients of a forward_flex() call (backward()'s contract): the same score_mod and

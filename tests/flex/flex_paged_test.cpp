@@ -1,4 +1,4 @@
-// tests/flex/flex_paged_test.cpp: forward_paged_flex and forward_paged_varlen_flex (flex.hpp)
+// tests/flex/flex_paged_test.cpp: forward_paged_flex and forward_paged_flex_varlen (flex.hpp)
 // and the draft-tree mask of a speculative verify step (flex/tree_mask.hpp):
 //   - a verify step under random draft trees (one shared, one per sequence) against the
 //     double reference with the same mask as a dense boolean mask, in fp32, over sequences
@@ -159,7 +159,7 @@ TEST(PagedFlex, CustomModsMatchTheReference) {
   const std::vector<float> fixed_o = batch.o;
   batch.reset_outputs();
   const std::vector<std::int32_t> cu{0, 10, 20};
-  forward_paged_varlen_flex(make_thd<const float>(batch.q.data(), 20, 4, 32), batch.k_cache(), batch.v_cache(),
+  forward_paged_flex_varlen(make_thd<const float>(batch.q.data(), 20, 4, 32), batch.k_cache(), batch.v_cache(),
                             batch.block_table(), batch.seqlens, make_thd(batch.o.data(), 20, 4, 32),
                             make_packed_lse(batch.lse.data(), 4, 20), cu, flex::no_score_mod{},
                             create_block_mask(streaming, 1, 1, 10, 300, BlockSize{8, 32}), options);

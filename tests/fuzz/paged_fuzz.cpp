@@ -72,7 +72,7 @@
 //
 // The tree tag (issue #42 item 7): an input that starts with "tptr" is a speculative verify
 // step instead, decoded from the bytes after the tag by a provider of its own (so, again,
-// no other input changes meaning): forward_paged_flex or forward_paged_varlen_flex
+// no other input changes meaning): forward_paged_flex or forward_paged_flex_varlen
 // (flex.hpp) under draft_tree_mask (flex/tree_mask.hpp), float Q and pools, 1 to 3
 // sequences of 0 to 60 accepted positions plus the same 1 to 20 drafts each (cache_seqlens
 // count both; one query per draft, varlen with spare rows), one tree or one per sequence of
@@ -1589,7 +1589,7 @@ void execute_tree(FuzzedDataProvider& in, bool verbose, std::mt19937& rng) {
   if (t.mask_rejected) fail("draft_tree_mask accepted bad arguments\n  " + info);
   const auto call = [&](const PagedOptions& opts) {
     if (p.varlen)
-      forward_paged_varlen_flex(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu,
+      forward_paged_flex_varlen(pack(c.qv), c.kv, c.vv, c.table, c.seqlens, pack(c.ov), c.lse2, c.cu,
                                 flex::no_score_mod{}, *mask, opts);
     else
       forward_paged_flex(c.qv, c.kv, c.vv, c.table, c.seqlens, c.ov, c.lse3, flex::no_score_mod{}, *mask, opts);
