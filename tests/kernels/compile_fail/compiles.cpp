@@ -1,7 +1,7 @@
 // The control: the kernels instantiated with every policy tileattn ships (IO policies, K/V
-// sources, key tile loaders, score sources, built-in and flex) compile with the same flags as the cases beside
-// it, so their failures come from the concepts, not from the set-up; and each policy
-// satisfies its concept. And forward/backward on float views, the control of the double_*
+// sources, key tile loaders, score sources, built-in and flex) compile with the same flags
+// as the cases beside it, so their failures come from the concepts, not from the set-up;
+// and each policy satisfies its concept. And forward/backward on float views, the control of the double_*
 // cases.
 #include "common.hpp"
 
