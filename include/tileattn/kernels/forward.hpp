@@ -20,14 +20,11 @@
 #pragma once
 
 #include <algorithm>
-#include <cassert>
 #include <numbers>
 #include <type_traits>
 #include <vector>
 
 #include "tileattn/backend/parallel_for.hpp"
-#include "tileattn/core/paged_view.hpp"
-#include "tileattn/core/limits.hpp"
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/tile.hpp"
 #include "tileattn/kernels/key_loaders.hpp"

@@ -143,10 +143,9 @@ PagedPlan make_paged_plan(const ForwardParams<T, KV>& p, index_t longest_q, inde
   if (!shared_prefix_allowed(p, options)) return plan;
   auto groups = find_shared_prefixes(p, options.shared_prefix_min_keys, split_max_query_rows);
   if (groups.empty()) return plan;
-  auto shared = std::make_shared<const SharedPrefixPlan>(make_shared_prefix_plan(
-      p, std::move(groups), options));
+  auto shared = std::make_shared<const SharedPrefixPlan>(make_shared_prefix_plan(p, std::move(groups), options));
   ForwardWorkList work(p, plan.tiles(), plan.split(), plan.work().kv_heads_per_item(), ops::BuiltinScores{},
-                                {shared->of_sequence, shared->partial_rows()});
+                       {shared->of_sequence, shared->partial_rows()});
   PagedPlan::Signature signature = plan.signature();
   signature.shape.push_back(shared_prefix_mark);
   return {plan.tiles(), plan.split(), std::move(work), std::move(signature), std::move(shared)};
