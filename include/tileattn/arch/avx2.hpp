@@ -2,15 +2,13 @@
 // row max, scale, and a register transpose. Same contracts as arch/generic.hpp; compiles
 // to nothing without AVX2 and FMA.
 //
-// gemm. A 6 x 16 block of C lives in 12 ymm accumulators (6 rows x 2 vectors of 8
-// floats); with 2 loads of B and a broadcast of A per row that is 15 of the 16 ymm
-// registers. Two FMA pipes at 4-5 cycles of latency need 8-10 FMAs in flight, so 12
-// independent accumulators keep both busy. C is swept in column panels of 2 vectors; an
-// odd count ends with a 3-vector panel of 4 rows (again 12 accumulators) rather than a
-// lone vector; the last vector is masked (vmaskmovps) when N is not a multiple of 8.
-// Rows go in blocks of the panel's height, then one block of the rows left. When M is
-// large enough to reuse it, each panel of B is first copied, 128 rows of K at a time,
-// into a contiguous buffer that stays in L1 (see arch/avx512.hpp for why).
+// gemm: arch/register_gemm.hpp over this set's VecTraits. A 6 x 16 block of C lives in 12
+// ymm accumulators (6 rows x 2 vectors of 8 floats); with 2 loads of B and a broadcast of A
+// per row that is 15 of the 16 ymm registers. Two FMA pipes at 4-5 cycles of latency need
+// 8-10 FMAs in flight, so 12 independent accumulators keep both busy. C is swept in column
+// panels of 2 vectors; an odd count ends with a 3-vector panel of 4 rows (again 12
+// accumulators) rather than a lone vector; the last vector is masked (vmaskmovps) only when
+// N is not a multiple of 8. Panels of B are packed into L1 from 18 rows of C on.
 #pragma once
 
 #include "tileattn/arch/isa.hpp"
@@ -74,154 +72,68 @@ inline float reduce_max(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
 }
 
-/// C (Rows x Vectors*8, the last vector limited by `last` when Masked) (+)= A B over the
-/// whole K, unrolled at compile time into FMAs on registers.
-template <int Rows, int Vectors, bool Accumulate, bool Masked, bool TransA>
-inline void gemm_block(index_t k, const float* a, index_t lda, const float* b, index_t ldb,
-                       float* c, index_t ldc, __m256i last) {
-  __m256 acc[static_cast<std::size_t>(Rows)][static_cast<std::size_t>(Vectors)];
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vectors; ++v) {
-      if constexpr (!Accumulate) {
-        acc[r][v] = _mm256_setzero_ps();
-      } else if (Masked && v == Vectors - 1) {
-        acc[r][v] = _mm256_maskload_ps(c + r * ldc + v * lanes, last);
-      } else {
-        acc[r][v] = _mm256_loadu_ps(c + r * ldc + v * lanes);
-      }
-    }
+/// The registers and blocking of the tile gemm (arch/register_gemm.hpp): a 6 x 16 block of C
+/// (4 x 24 for a 3-register panel, 8 x 8 for one), full panels unmasked.
+struct VecTraits {
+  using reg = __m256;
+  using mask = __m256i;
+  static constexpr index_t lanes = detail::lanes;
+  static constexpr bool masks_every_panel = false;  // vmaskmovps costs more than a plain move
+  static constexpr index_t pack_min_rows = 18;      // fewer rows of C: B is read in place
+  static constexpr int block_rows(int vectors) { return detail::block_rows(vectors); }
+  /// Panels of 2 registers; an odd count ends with one of 3 rather than a lone register.
+  static constexpr int panel_vectors(index_t remaining) {
+    return remaining == 3 ? 3 : remaining == 1 ? 1 : block_vectors;
   }
-  for (index_t p = 0; p < k; ++p) {
-    const float* bp = b + p * ldb;
-    __m256 bv[static_cast<std::size_t>(Vectors)];
-#pragma GCC unroll 4
-    for (int v = 0; v < Vectors; ++v)
-      bv[v] = (Masked && v == Vectors - 1) ? _mm256_maskload_ps(bp + v * lanes, last)
-                                           : _mm256_loadu_ps(bp + v * lanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < Rows; ++r) {
-      const __m256 ar = _mm256_broadcast_ss(TransA ? a + p * lda + r : a + r * lda + p);
-#pragma GCC unroll 4
-      for (int v = 0; v < Vectors; ++v) acc[r][v] = _mm256_fmadd_ps(ar, bv[v], acc[r][v]);
-    }
+  static mask first_lanes(index_t count) { return detail::first_lanes(count); }
+  static reg zero() { return _mm256_setzero_ps(); }
+  static reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static reg load(const float* p, mask m) { return _mm256_maskload_ps(p, m); }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
+  static void store(float* p, mask m, reg v) { _mm256_maskstore_ps(p, m, v); }
+  static reg load_or(const float* p, mask m, reg fill) {
+    return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < Rows; ++r) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vectors; ++v) {
-      if (Masked && v == Vectors - 1)
-        _mm256_maskstore_ps(c + r * ldc + v * lanes, last, acc[r][v]);
-      else
-        _mm256_storeu_ps(c + r * ldc + v * lanes, acc[r][v]);
-    }
+  static reg set1(float x) { return _mm256_set1_ps(x); }
+  static reg max(reg a, reg b) { return _mm256_max_ps(a, b); }
+  static reg mul(reg a, reg b) { return _mm256_mul_ps(a, b); }
+  static float reduce_max(reg v) { return detail::reduce_max(v); }
+  static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
+  static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
+  static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static reg round_nearest(reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  /// 2^n applied as two normal powers of two 2^n1 * 2^n2 (n1 = floor(n / 2)), so subnormal
+  /// results are rounded once, by the second multiply.
+  static reg times_power_of_two(reg p, reg n) {
+    const __m256i ni = _mm256_cvtps_epi32(n);  // exact: n is an integer in [-151, 128]
+    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
   }
-}
+};
 
-/// The last `rows_left` (< Rows) rows of a panel: one block instantiated for that count.
-template <int Rows, int Vectors, bool Accumulate, bool Masked, bool TransA>
-inline void gemm_row_tail(index_t rows_left, index_t k, const float* a, index_t lda,
-                          const float* b, index_t ldb, float* c, index_t ldc, __m256i last) {
-  if constexpr (Rows > 0) {
-    if (rows_left == Rows)
-      gemm_block<Rows, Vectors, Accumulate, Masked, TransA>(k, a, lda, b, ldb, c, ldc, last);
-    else
-      gemm_row_tail<Rows - 1, Vectors, Accumulate, Masked, TransA>(rows_left, k, a, lda, b, ldb, c, ldc,
-                                                           last);
-  }
-}
+/// The gemm's operands: float only (AVX2 has no bf16 dot product).
+template <class E>
+struct Operand;
 
-/// One column panel of C (all M rows, Vectors*8 columns) in blocks of block_rows rows.
-template <int Vectors, bool Accumulate, bool Masked, bool TransA>
-inline void gemm_panel(index_t m, index_t k, const float* a, index_t lda, const float* b,
-                       index_t ldb, float* c, index_t ldc, __m256i last) {
-  constexpr int rows = block_rows(Vectors);
-  index_t i = 0;
-  for (; i + rows <= m; i += rows)
-    gemm_block<rows, Vectors, Accumulate, Masked, TransA>(k, a + (TransA ? i : i * lda), lda, b, ldb, c + i * ldc,
-                                                  ldc, last);
-  if (i < m)
-    gemm_row_tail<rows - 1, Vectors, Accumulate, Masked, TransA>(m - i, k, a + (TransA ? i : i * lda), lda, b, ldb,
-                                                         c + i * ldc, ldc, last);
-}
+template <>
+struct Operand<float> {
+  using vec = __m256;
+  static vec load(const float* p) { return _mm256_loadu_ps(p); }
+  static vec load(const float* p, __m256i m) { return _mm256_maskload_ps(p, m); }
+  static vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static void store_aligned(float* p, vec v) { _mm256_store_ps(p, v); }
+  static vec madd(vec acc, vec a, vec b) { return _mm256_fmadd_ps(a, b, acc); }
+};
 
-inline constexpr index_t pack_depth = 128;  // rows of B per packed buffer
-inline constexpr index_t pack_min_rows = 18;  // fewer rows of C: B is read in place
+#include "tileattn/arch/register_gemm.hpp"
 
-/// packed (depth x Vectors*8, contiguous) = B (depth x Vectors*8), masked lanes zeroed.
-template <int Vectors, bool Masked>
-inline void pack_panel(index_t depth, const float* b, index_t ldb, float* packed,
-                       __m256i last) {
-  for (index_t p = 0; p < depth; ++p) {
-#pragma GCC unroll 4
-    for (int v = 0; v < Vectors; ++v) {
-      const float* from = b + p * ldb + v * lanes;
-      _mm256_store_ps(packed + (p * Vectors + v) * lanes,
-                      Masked && v == Vectors - 1 ? _mm256_maskload_ps(from, last)
-                                                 : _mm256_loadu_ps(from));
-    }
-  }
-}
-
-/// gemm_panel, with B copied into an L1-resident buffer pack_depth rows of K at a time
-/// when there are enough rows of C to reuse each copy. The accumulators pass through C
-/// between depth blocks exactly (fp32 stores and loads), so results do not depend on it.
-template <int Vectors, bool Accumulate, bool Masked, bool TransA>
-inline void gemm_panel_packed(index_t m, index_t k, const float* a, index_t lda, const float* b,
-                              index_t ldb, float* c, index_t ldc, __m256i last) {
-  if (m < pack_min_rows || k == 0) {
-    gemm_panel<Vectors, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last);
-    return;
-  }
-  constexpr index_t packed_ld = Vectors * lanes;
-  alignas(64) float packed[static_cast<std::size_t>(pack_depth * packed_ld)];
-  for (index_t p0 = 0; p0 < k; p0 += pack_depth) {
-    const index_t depth = k - p0 < pack_depth ? k - p0 : pack_depth;
-    pack_panel<Vectors, Masked>(depth, b + p0 * ldb, ldb, packed, last);
-    if (p0 == 0)
-      gemm_panel<Vectors, Accumulate, Masked, TransA>(m, depth, a, lda, packed, packed_ld, c, ldc, last);
-    else
-      gemm_panel<Vectors, true, Masked, TransA>(m, depth, a + (TransA ? p0 * lda : p0), lda, packed, packed_ld, c, ldc, last);
-  }
-}
-
-template <bool Accumulate, bool Masked, bool TransA>
-inline void gemm_panel_of(int vectors, index_t m, index_t k, const float* a, index_t lda,
-                          const float* b, index_t ldb, float* c, index_t ldc, __m256i last) {
-  switch (vectors) {
-    case 1: gemm_panel_packed<1, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
-    case 3: gemm_panel_packed<3, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
-    default: gemm_panel_packed<2, Accumulate, Masked, TransA>(m, k, a, lda, b, ldb, c, ldc, last); break;
-  }
-}
-
-/// 2^x on 8 lanes; see arch/exp2.hpp for the method and the accuracy. 2^n is applied as
-/// two normal powers of two 2^n1 * 2^n2 (n1 = floor(n/2)), so subnormal results are
-/// rounded once, by the second multiply.
-inline __m256 exp2(__m256 x) {
-  namespace c = exp2_poly;
-  x = _mm256_max_ps(_mm256_set1_ps(c::lowest_input), x);  // max(lo, NaN) keeps the NaN
-  x = _mm256_min_ps(_mm256_set1_ps(c::highest_input), x);
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);  // exact, in [-1/2, 1/2]
-  __m256 p = _mm256_set1_ps(c::c6);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c::c5));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c::c4));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c::c3));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c::c2));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c::c1));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i ni = _mm256_cvtps_epi32(n);  // exact: n is an integer in [-151, 128]
-  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-  const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);  // NaN lanes: p is NaN, so NaN out
-}
+#include "tileattn/arch/register_exp2.hpp"
 
 /// Transposes the 8 x 8 block whose rows are r[0..8) in place: r[c] becomes column c.
-inline void transpose_8x8(__m256 r[8]) {
+inline void transpose_square(__m256 r[8]) {
   __m256 t[8];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {  // t[2i], t[2i+1]: rows 2i and 2i+1 interleaved
@@ -248,26 +160,6 @@ inline void transpose_8x8(__m256 r[8]) {
   for (int i = 0; i < 8; ++i) r[i] = t[i];
 }
 
-/// One block of transpose(): up to 8 x 8, masked unless Full.
-template <bool Full>
-inline void transpose_block(index_t rows, index_t cols, const float* src, index_t lds,
-                            float* dst, index_t ldd) {
-  const __m256i col_mask = first_lanes(Full ? lanes : cols);
-  const __m256i row_mask = first_lanes(Full ? lanes : rows);
-  __m256 r[8];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    if (Full) r[i] = _mm256_loadu_ps(src + i * lds);
-    else r[i] = i < rows ? _mm256_maskload_ps(src + i * lds, col_mask) : _mm256_setzero_ps();
-  }
-  transpose_8x8(r);
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {
-    if (Full) _mm256_storeu_ps(dst + i * ldd, r[i]);
-    else if (i < cols) _mm256_maskstore_ps(dst + i * ldd, row_mask, r[i]);
-  }
-}
-
 }  // namespace detail
 
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
@@ -275,46 +167,13 @@ inline void transpose_block(index_t rows, index_t cols, const float* src, index_
 template <bool Accumulate, bool TransA = false>
 void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const float* b,
           index_t ldb, float* c, index_t ldc) {
-  using namespace detail;
-  if (m <= 0 || n <= 0) return;
-  const index_t last_lanes = n % lanes == 0 ? lanes : n % lanes;
-  index_t remaining = (n + lanes - 1) / lanes;  // vectors of C per row still to do
-  for (index_t j = 0; remaining > 0;) {
-    const int vectors = remaining == 3 ? 3 : remaining == 1 ? 1 : block_vectors;
-    remaining -= vectors;
-    if (remaining == 0 && last_lanes != lanes)
-      gemm_panel_of<Accumulate, true, TransA>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
-                                      first_lanes(last_lanes));
-    else
-      gemm_panel_of<Accumulate, false, TransA>(vectors, m, k, a, lda, b + j, ldb, c + j, ldc,
-                                       first_lanes(lanes));
-    j += vectors * lanes;
-  }
-}
-
-/// max(x[0..n)), -inf for n == 0. NaN entries are ignored, as in generic.
-inline float row_max(const float* x, index_t n) {
-  using detail::lanes;
-  const __m256 lowest = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 m0 = lowest, m1 = lowest;
-  index_t j = 0;
-  for (; j + 2 * lanes <= n; j += 2 * lanes) {
-    m0 = _mm256_max_ps(_mm256_loadu_ps(x + j), m0);  // max(NaN, m) keeps m
-    m1 = _mm256_max_ps(_mm256_loadu_ps(x + j + lanes), m1);
-  }
-  for (; j < n; j += lanes) {
-    const __m256i mask = detail::first_lanes(n - j < lanes ? n - j : lanes);
-    const __m256 v = _mm256_blendv_ps(lowest, _mm256_maskload_ps(x + j, mask),
-                                      _mm256_castsi256_ps(mask));
-    m0 = _mm256_max_ps(v, m0);
-  }
-  return detail::reduce_max(_mm256_max_ps(m0, m1));
+  detail::register_gemm<detail::VecTraits, Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 /// For each of `rows` rows of x (`ld` floats apart): x[r][j] = 2^(x[r][j] * scale[r] -
 /// shift[r]) in place, the product and the shift in one FMA; sums[r] = the row's sum of the
 /// new values. x = -inf gives 0. One call per score tile (constants loaded once); out of
-/// line, as in arch/avx512.hpp.
+/// line, as in arch/avx512/softmax_rows.hpp.
 [[gnu::noinline]] inline void exp2_shift_sum_rows(float* x, index_t ld, index_t rows, index_t n,
                                                   const float* scale, const float* shift,
                                                   float* sums, bf16x2* pairs = nullptr,
@@ -345,13 +204,6 @@ inline float row_max(const float* x, index_t n) {
   }
 }
 
-/// One row of exp2_shift_sum_rows: x[j] = 2^(x[j] * scale - shift); returns the sum.
-inline float exp2_shift_sum(float* x, index_t n, float scale, float shift) {
-  float sum = 0.0f;
-  exp2_shift_sum_rows(x, n, 1, n, &scale, &shift, &sum);
-  return sum;
-}
-
 /// True when no x[j] is Inf or NaN (exponent bits all ones).
 inline bool all_finite(const float* x, index_t n) {
   using detail::lanes;
@@ -365,28 +217,8 @@ inline bool all_finite(const float* x, index_t n) {
   return _mm256_testz_si256(bad, bad) != 0;
 }
 
-/// x[j] *= factor.
-inline void scale(float* x, index_t n, float factor) {
-  using detail::lanes;
-  const __m256 f = _mm256_set1_ps(factor);
-  index_t j = 0;
-  for (; j + lanes <= n; j += lanes) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), f));
-  if (j < n) {
-    const __m256i mask = detail::first_lanes(n - j);
-    _mm256_maskstore_ps(x + j, mask, _mm256_mul_ps(_mm256_maskload_ps(x + j, mask), f));
-  }
-}
-
-/// dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols: a rows x cols row-major
-/// block written out as its cols x rows transpose (K rows into a K^T tile). In 8 x 8
-/// blocks through registers; the partial blocks at the edges are masked.
-inline void transpose(index_t rows, index_t cols, const float* src, index_t lds, float* dst,
-                      index_t ldd) {
-  tileattn::arch::detail::transpose_in_blocks<detail::lanes>(
-      rows, cols, src, lds, dst, ldd, [](auto full, auto... block) {
-        detail::transpose_block<decltype(full)::value>(block...);
-      });
-}
+#include "tileattn/arch/register_rows.hpp"
+#include "tileattn/arch/register_transpose.hpp"
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0. Same polynomial as the rows.
 inline float exp2(float x) { return _mm256_cvtss_f32(detail::exp2(_mm256_set1_ps(x))); }
@@ -455,7 +287,7 @@ inline __m256 int8_to_ps(__m128i b) {
 /// e5m2 is the top byte of an fp16.
 inline __m256 e5m2_to_ps(__m128i b) { return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8)); }
 /// e4m3fn S.EEEE.MMM as the fp16 S.0EEEE.MMM0000000 is its value times 2^-8, subnormals
-/// included (avx512.hpp's e4m3_to_ps); the NaN code S.1111.111 becomes a quiet NaN of its sign.
+/// included (arch/avx512/conversions.hpp's e4m3_to_ps); the NaN code S.1111.111 becomes a quiet NaN of its sign.
 inline __m256 e4m3_to_ps(__m128i b) {
   const __m128i w = _mm_cvtepu8_epi16(b), low7 = _mm_set1_epi16(0x7f);
   const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);

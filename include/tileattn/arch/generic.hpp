@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -63,22 +64,35 @@ inline float mul_add(float a, float b, float c) {
 #endif
 }
 
+namespace detail {
+/// c + a b, one step of gemm's sums: fused where this target fuses (mul_add: one rounding per
+/// step, whether or not the compiler vectorizes the loop). Over bf16 pairs, as the hardware's
+/// dot-product instruction sums a pair product, high halves first: c = (c + a.hi b.hi) + a.lo
+/// b.lo (products of bf16 values are exact in float). vdpbf16ps matches this bit for bit on
+/// normal numbers; it treats subnormal inputs, products and sums as zero, which this does
+/// not (tests/arch/half_kernels_test.cpp bounds the difference).
+inline float step(float a, float b, float c) { return mul_add(a, b, c); }
+inline float step(bf16x2 a, bf16x2 b, float c) {
+  return (c + to_float(a.hi) * to_float(b.hi)) + to_float(a.lo) * to_float(b.lo);
+}
+}  // namespace detail
+
 /// C (M x N) = A (M x K) * B (K x N), or += when Accumulate; all row-major with leading
 /// dimensions lda, ldb, ldc (elements). Any M, N, K >= 0. With TransA, A is given by its
 /// transpose (K x M, row-major): element (i, p) at a[p * lda + i] (the backward's P^T and
-/// dS^T, read from P and dS as they are).
-template <bool Accumulate, bool TransA = false>
-void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda, const float* b,
-          index_t ldb, float* c, index_t ldc) {
+/// dS^T, read from P and dS as they are). E is float, or bf16x2 (K counts pairs; each sums
+/// as detail::step says).
+template <bool Accumulate, bool TransA = false, class E>
+  requires std::same_as<E, float> || std::same_as<E, bf16x2>
+void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b, index_t ldb, float* c, index_t ldc) {
   for (index_t i = 0; i < m; ++i) {
     float* ci = c + i * ldc;
     if constexpr (!Accumulate)
       for (index_t j = 0; j < n; ++j) ci[j] = 0.0f;
     for (index_t p = 0; p < k; ++p) {
-      const float aip = TransA ? a[p * lda + i] : a[i * lda + p];
-      const float* bp = b + p * ldb;
-      // mul_add: one rounding per step with FMA, whether or not the compiler vectorizes the loop
-      for (index_t j = 0; j < n; ++j) ci[j] = mul_add(aip, bp[j], ci[j]);
+      const E aip = TransA ? a[p * lda + i] : a[i * lda + p];
+      const E* bp = b + p * ldb;
+      for (index_t j = 0; j < n; ++j) ci[j] = detail::step(aip, bp[j], ci[j]);
     }
   }
 }
@@ -122,28 +136,6 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
         else
           ci[j] += aip * tileattn::to_float(b_rows[p][j]);
       }
-    }
-  }
-}
-
-/// The same over bf16 pairs: C[i][j] (+)= sum_p A[i][p] . B[p][j], each pair product
-/// accumulated as the hardware's dot-product instruction does it, high halves first:
-/// c = (c + a.hi b.hi) + a.lo b.lo (products of bf16 values are exact in float). vdpbf16ps
-/// matches this bit for bit on normal numbers; it treats subnormal inputs, products and
-/// sums as zero, which this does not (tests/arch/half_kernels_test.cpp bounds the difference).
-template <bool Accumulate, bool TransA = false>
-void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16x2* b,
-          index_t ldb, float* c, index_t ldc) {
-  for (index_t i = 0; i < m; ++i) {
-    float* ci = c + i * ldc;
-    if constexpr (!Accumulate)
-      for (index_t j = 0; j < n; ++j) ci[j] = 0.0f;
-    for (index_t p = 0; p < k; ++p) {
-      const bf16x2 aip = TransA ? a[p * lda + i] : a[i * lda + p];
-      const float lo = to_float(aip.lo), hi = to_float(aip.hi);
-      const bf16x2* bp = b + p * ldb;
-      for (index_t j = 0; j < n; ++j)
-        ci[j] = (ci[j] + hi * to_float(bp[j].hi)) + lo * to_float(bp[j].lo);
     }
   }
 }
@@ -238,41 +230,39 @@ inline void round_to_pairs(const float* x, bf16x2* dst, index_t n) {
   for (index_t j = 0; j < n; j += 2) dst[j / 2] = {bf16(x[j]), j + 1 < n ? bf16(x[j + 1]) : bf16{}};
 }
 
-/// True when no value of the n pairs is Inf or NaN.
-inline bool all_finite(const bf16x2* x, index_t n) {
-  for (index_t j = 0; j < n; ++j)
-    if ((x[j].lo.bits & 0x7f80) == 0x7f80 || (x[j].hi.bits & 0x7f80) == 0x7f80) return false;
+namespace detail {
+inline unsigned code_of(bf16 x) { return x.bits; }
+inline unsigned code_of(fp16 x) { return x.bits; }
+inline unsigned code_of(fp8_e4m3 x) { return x.bits; }
+inline unsigned code_of(fp8_e5m2 x) { return x.bits; }
+inline unsigned code_of(std::int8_t x) { return static_cast<std::uint8_t>(x); }
+inline unsigned code_of(bf16x2 x) { return code_of(x.lo) | code_of(x.hi) << 16; }
+
+/// True when no x[j]'s code c has (c & mask) == special, nor (c >> 16 & mask) == special
+/// when Halves (both halves of a pair).
+template <bool Halves = false, class T>
+inline bool no_special_code(const T* x, index_t n, unsigned mask, unsigned special) {
+  for (index_t j = 0; j < n; ++j) {
+    const unsigned c = code_of(x[j]);
+    if ((c & mask) == special || (Halves && (c >> 16 & mask) == special)) return false;
+  }
   return true;
 }
+}  // namespace detail
+
+/// True when no value of the n pairs is Inf or NaN.
+inline bool all_finite(const bf16x2* x, index_t n) { return detail::no_special_code<true>(x, n, 0x7f80, 0x7f80); }
 
 /// True when no x[j] (bf16 or fp16 storage, read in place) is Inf or NaN.
-inline bool all_finite(const bf16* x, index_t n) {
-  for (index_t j = 0; j < n; ++j)
-    if ((x[j].bits & 0x7f80) == 0x7f80) return false;
-  return true;
-}
-inline bool all_finite(const fp16* x, index_t n) {
-  for (index_t j = 0; j < n; ++j)
-    if ((x[j].bits & 0x7c00) == 0x7c00) return false;
-  return true;
-}
+inline bool all_finite(const bf16* x, index_t n) { return detail::no_special_code(x, n, 0x7f80, 0x7f80); }
+inline bool all_finite(const fp16* x, index_t n) { return detail::no_special_code(x, n, 0x7c00, 0x7c00); }
 
 /// True when no x[j] (8-bit storage, read in place) is Inf or NaN: e4m3 has no Inf and its
 /// NaN is S.1111.111; e5m2's exponent is all ones; int8's NaN is int8_nan (-128).
-inline bool all_finite(const fp8_e4m3* x, index_t n) {
-  for (index_t j = 0; j < n; ++j)
-    if ((x[j].bits & 0x7f) == 0x7f) return false;
-  return true;
-}
-inline bool all_finite(const fp8_e5m2* x, index_t n) {
-  for (index_t j = 0; j < n; ++j)
-    if ((x[j].bits & 0x7c) == 0x7c) return false;
-  return true;
-}
+inline bool all_finite(const fp8_e4m3* x, index_t n) { return detail::no_special_code(x, n, 0x7f, 0x7f); }
+inline bool all_finite(const fp8_e5m2* x, index_t n) { return detail::no_special_code(x, n, 0x7c, 0x7c); }
 inline bool all_finite(const std::int8_t* x, index_t n) {
-  for (index_t j = 0; j < n; ++j)
-    if (x[j] == int8_nan) return false;
-  return true;
+  return detail::no_special_code(x, n, 0xff, static_cast<std::uint8_t>(int8_nan));
 }
 
 /// 2^x for one value (running-max corrections); 2^-inf = 0.

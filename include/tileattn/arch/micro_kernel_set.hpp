@@ -32,15 +32,24 @@ constexpr auto value(V v) {
 }
 }  // namespace set_detail
 
+/// The operations on rows of storage type E that K and V are read in place from: the two
+/// products and the finite check.
+template <class S, class E>
+concept reads_rows_in_place = requires(index_t n, const float* cf, float* f, const E* x, const E* const* rows) {
+  S::gemm_nt_rows(n, n, n, cf, n, rows, f, n);
+  S::gemm_rows(n, n, n, cf, n, rows, f, n);
+  { S::all_finite(x, n) } -> std::same_as<bool>;
+};
+
 /// Every operation the kernels use, over every element type they use it with. E rows:
 /// the storage types K and V are read in place from (float, bf16, fp16, fp8, int8).
 template <class S>
-concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f, const bf16x2* cp, bf16x2* p,
-                                  const bf16* cb, bf16* b, const fp16* ch, fp16* h, const fp8_e4m3* ce4,
-                                  const fp8_e5m2* ce5, const std::int8_t* ci8, const float* const* rows_f,
-                                  const bf16* const* rows_b, const fp16* const* rows_h,
-                                  const fp8_e4m3* const* rows_e4, const fp8_e5m2* const* rows_e5,
-                                  const std::int8_t* const* rows_i8, const void* const* rows) {
+concept MicroKernelSet =
+    reads_rows_in_place<S, float> && reads_rows_in_place<S, bf16> && reads_rows_in_place<S, fp16> &&
+    reads_rows_in_place<S, fp8_e4m3> && reads_rows_in_place<S, fp8_e5m2> && reads_rows_in_place<S, std::int8_t> &&
+    requires(index_t n, float x, const float* cf, float* f, const bf16x2* cp, bf16x2* p, const bf16* cb, bf16* b,
+             const fp16* ch, fp16* h, const fp8_e4m3* ce4, const fp8_e5m2* ce5, const std::int8_t* ci8,
+             const void* const* rows) {
   { S::name() } -> std::convertible_to<const char*>;
   { S::bf16_dot_product() } -> std::convertible_to<bool>;
   // Tile products: float and bf16 pair operands, C = or += A B, A given or transposed.
@@ -50,19 +59,7 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
   S::template gemm<false>(n, n, n, cp, n, cp, n, f, n);
   S::template gemm<true>(n, n, n, cp, n, cp, n, f, n);
   S::template gemm<true, true>(n, n, n, cp, n, cp, n, f, n);
-  // Products with K or V rows read in place.
-  S::gemm_nt_rows(n, n, n, cf, n, rows_f, f, n);
-  S::gemm_nt_rows(n, n, n, cf, n, rows_b, f, n);
-  S::gemm_nt_rows(n, n, n, cf, n, rows_h, f, n);
-  S::gemm_nt_rows(n, n, n, cf, n, rows_e4, f, n);
-  S::gemm_nt_rows(n, n, n, cf, n, rows_e5, f, n);
-  S::gemm_nt_rows(n, n, n, cf, n, rows_i8, f, n);
-  S::gemm_rows(n, n, n, cf, n, rows_f, f, n);
-  S::gemm_rows(n, n, n, cf, n, rows_b, f, n);
-  S::gemm_rows(n, n, n, cf, n, rows_h, f, n);
-  S::gemm_rows(n, n, n, cf, n, rows_e4, f, n);
-  S::gemm_rows(n, n, n, cf, n, rows_e5, f, n);
-  S::gemm_rows(n, n, n, cf, n, rows_i8, f, n);
+  // Rows read in place: reads_rows_in_place above, and their prefetch.
   S::touch_rows(rows, n, n);
   // The softmax's row operations.
   { S::row_max(cf, n) } -> std::same_as<float>;
@@ -73,13 +70,7 @@ concept MicroKernelSet = requires(index_t n, float x, const float* cf, float* f,
   { S::exp2(x) } -> std::same_as<float>;
   { S::mul_add(x, x, x) } -> std::same_as<float>;
   S::add_alibi_bias(f, n, x, n);
-  { S::all_finite(cf, n) } -> std::same_as<bool>;
   { S::all_finite(cp, n) } -> std::same_as<bool>;
-  { S::all_finite(cb, n) } -> std::same_as<bool>;
-  { S::all_finite(ch, n) } -> std::same_as<bool>;
-  { S::all_finite(ce4, n) } -> std::same_as<bool>;
-  { S::all_finite(ce5, n) } -> std::same_as<bool>;
-  { S::all_finite(ci8, n) } -> std::same_as<bool>;
   // Loads and stores: transposes, conversions, the bf16 pair layouts.
   S::transpose(n, n, cf, n, f, n);
   S::to_float(cb, f, n);

@@ -46,7 +46,7 @@ struct PreparedPairs {
 };
 
 /// Rows per slab where a set multiplies pairs from prepared operands (AMX: 64; vdpbf16ps:
-/// see arch/avx512.hpp). Tests and benchmarks change them to compare schedules; every row's
+/// see arch/avx512/gemm.hpp). Tests and benchmarks change them to compare schedules; every row's
 /// result is the same bits for every slab height.
 inline std::atomic<index_t> tile_slab_rows{64};
 inline std::atomic<index_t> dot_product_slab_rows{64};

@@ -71,34 +71,32 @@ constexpr float fp16_bits_to_float(std::uint16_t h) {
 
 }  // namespace detail
 
-/// bfloat16: 1 sign, 8 exponent, 7 mantissa bits (float's range, 3 significant digits).
-struct bf16 {
-  std::uint16_t bits = 0;
+/// A number kept as the bits of its code, Bits wide: constructed from a float by Encode,
+/// converted back by Decode, compared bitwise. The storage types (bf16, fp16 and the fp8
+/// types of core/quantized_types.hpp) derive from it, Self naming the derived type.
+template <class Self, class Bits, Bits (*Encode)(float), float (*Decode)(Bits)>
+struct float_code {
+  Bits bits = 0;
 
-  bf16() = default;
-  constexpr explicit bf16(float f) : bits(detail::float_to_bf16_bits(f)) {}
-  constexpr explicit operator float() const { return detail::bf16_bits_to_float(bits); }
-  static constexpr bf16 from_bits(std::uint16_t b) {
-    bf16 x;
+  float_code() = default;
+  constexpr explicit float_code(float f) : bits(Encode(f)) {}
+  constexpr explicit operator float() const { return Decode(bits); }
+  static constexpr Self from_bits(Bits b) {
+    Self x;
     x.bits = b;
     return x;
   }
-  friend constexpr bool operator==(bf16 a, bf16 b) { return a.bits == b.bits; }  // bitwise
+  friend constexpr bool operator==(Self a, Self b) { return a.bits == b.bits; }  // bitwise
+};
+
+/// bfloat16: 1 sign, 8 exponent, 7 mantissa bits (float's range, 3 significant digits).
+struct bf16 : float_code<bf16, std::uint16_t, detail::float_to_bf16_bits, detail::bf16_bits_to_float> {
+  using float_code::float_code;
 };
 
 /// IEEE half precision (binary16): 1 sign, 5 exponent, 10 mantissa bits (max 65504).
-struct fp16 {
-  std::uint16_t bits = 0;
-
-  fp16() = default;
-  constexpr explicit fp16(float f) : bits(detail::float_to_fp16_bits(f)) {}
-  constexpr explicit operator float() const { return detail::fp16_bits_to_float(bits); }
-  static constexpr fp16 from_bits(std::uint16_t b) {
-    fp16 x;
-    x.bits = b;
-    return x;
-  }
-  friend constexpr bool operator==(fp16 a, fp16 b) { return a.bits == b.bits; }  // bitwise
+struct fp16 : float_code<fp16, std::uint16_t, detail::float_to_fp16_bits, detail::fp16_bits_to_float> {
+  using float_code::float_code;
 };
 
 static_assert(sizeof(bf16) == 2 && alignof(bf16) == 2 && std::is_trivially_copyable_v<bf16>);

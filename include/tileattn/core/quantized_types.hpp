@@ -80,35 +80,15 @@ constexpr float e5m2_bits_to_float(std::uint8_t b) {
 }  // namespace detail
 
 /// fp8 E4M3FN (OCP): range +-448, 3 mantissa bits, no Inf.
-struct fp8_e4m3 {
-  std::uint8_t bits = 0;
-
-  fp8_e4m3() = default;
-  constexpr explicit fp8_e4m3(float f) : bits(detail::float_to_e4m3_bits(f)) {}
-  constexpr explicit operator float() const { return detail::e4m3_bits_to_float(bits); }
-  static constexpr fp8_e4m3 from_bits(std::uint8_t b) {
-    fp8_e4m3 x;
-    x.bits = b;
-    return x;
-  }
+struct fp8_e4m3 : float_code<fp8_e4m3, std::uint8_t, detail::float_to_e4m3_bits, detail::e4m3_bits_to_float> {
+  using float_code::float_code;
   static constexpr float max_finite = 448.0f;
-  friend constexpr bool operator==(fp8_e4m3 a, fp8_e4m3 b) { return a.bits == b.bits; }  // bitwise
 };
 
 /// fp8 E5M2 (OCP): range +-57344, 2 mantissa bits, Inf and NaN as IEEE.
-struct fp8_e5m2 {
-  std::uint8_t bits = 0;
-
-  fp8_e5m2() = default;
-  constexpr explicit fp8_e5m2(float f) : bits(detail::float_to_e5m2_bits(f)) {}
-  constexpr explicit operator float() const { return detail::e5m2_bits_to_float(bits); }
-  static constexpr fp8_e5m2 from_bits(std::uint8_t b) {
-    fp8_e5m2 x;
-    x.bits = b;
-    return x;
-  }
+struct fp8_e5m2 : float_code<fp8_e5m2, std::uint8_t, detail::float_to_e5m2_bits, detail::e5m2_bits_to_float> {
+  using float_code::float_code;
   static constexpr float max_finite = 57344.0f;
-  friend constexpr bool operator==(fp8_e5m2 a, fp8_e5m2 b) { return a.bits == b.bits; }  // bitwise
 };
 
 static_assert(sizeof(fp8_e4m3) == 1 && sizeof(fp8_e5m2) == 1);
