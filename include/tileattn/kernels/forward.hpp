@@ -14,9 +14,10 @@
 // read where they lie for decode (InPlaceLoader); where K and V live is the loader's Kv
 // source (kernels/kv_source.hpp). The products, the softmax and the accumulation
 // (attend_visible_rows -> attend_key_tile -> attend_slab) take either loader's operands.
-// Scales of 8-bit K and V come with a tile's operands (TileScalesRef) and multiply its
-// scores (K) and probabilities (V) in attend_slab; 4-bit blocks dequantize exactly as they
-// load, so the products never see their scales.
+// The scales that go with a tile come with its operands (TileScalesRef; the model is
+// kernels/tile_scales.hpp): attend_slab applies 8-bit K's to the scores (scale_scores) and
+// accumulate_values V's to the probabilities (scale_probabilities); 4-bit blocks dequantize
+// exactly as they load, so the products never see their scales.
 #pragma once
 
 #include <algorithm>
@@ -107,6 +108,30 @@ index_t tile_keys(const ops::PreparedOperand<Op>& k_t) { return k_t.cols; }
 template <class E>
 index_t tile_keys(const RowRefs<E>& k) { return k.rows(); }
 
+/// O += P V for a slab whose V is finite: the softmax step makes P from S (n, Bc); V's
+/// per-key scales (8-bit V) multiply P's columns before P meets V (scale_probabilities);
+/// where the tiles multiply bf16 pairs P is rounded to pairs, in the softmax step itself
+/// when nothing scales it (as on GPUs).
+template <class Tiles, class ValueOperand>
+void accumulate_values(Tiles& t, Tile<float>& s, ops::RowStats& stats, Tile<float>& o, const ValueOperand& v,
+                       const TileScalesRef& scales, float to_log2, index_t n) {
+  if constexpr (Tiles::pairs) {
+    auto p = t.p.slice_rows(0, n);
+    if (scales.scales_values()) {
+      ops::online_softmax_step(s, stats, o, to_log2);  // s := P
+      scales.scale_probabilities(s);
+      ops::round_to_pairs(p, s);
+    } else {
+      ops::online_softmax_step(s, stats, o, to_log2, &p);  // p := P in bf16
+    }
+    ops::matmul_accumulate(o, p, v);  // (n, dv)
+  } else {
+    ops::online_softmax_step(s, stats, o, to_log2);  // s := P
+    scales.scale_probabilities(s);
+    ops::matmul_accumulate(o, s, v);  // (n, dv)
+  }
+}
+
 /// One slab of a key tile's work: the packed rows [first_row + r0, first_row + r0 + n) of
 /// the tiles, `rows` describing those from first_row on. Scores, probabilities and their
 /// pairs use the first n rows of S and P (the slab's, hot in cache for the next step).
@@ -128,37 +153,17 @@ void attend_slab(Tiles& t, const KeyOperand& k_tile, const ValueOperand& v_tile,
   Tile<float> o = t.o.slice_rows(first_row + r0, n);
   Tile<float> s = t.s.slice_rows(0, n);
   ops::RowStats stats = t.stats.slice(first_row + r0, n);
-  detail::scores(s, q, k);                                         // (n, Bc) raw scores
-  if (scales.k) ops::scale_columns(s, scales.k);                   // 8-bit K: q . k * scale
+  detail::scores(s, q, k);  // (n, Bc) raw scores
+  scales.scale_scores(s);   // 8-bit K: q . k * scale
   detail::for_head_pieces(rows, r0, n, [&](index_t first, const ops::PackedRows& piece) {
     Tile<float> s_piece = s.slice_rows(first, piece.count());
-    mods.apply(s_piece, piece, col0, io);                          // softcap, biases, masks
+    mods.apply(s_piece, piece, col0, io);  // softcap, biases, masks
   });
   const auto& values = ops::values_of(v);
   if (values_finite < 0)  // after Q K^T: V has arrived. Over the whole tile: a later slab may see more keys
-    values_finite = ops::all_finite(values) && (!scales.v || arch::native::all_finite(scales.v, tile_keys(k_tile)));
-  if (values_finite && scales.v) {                                 // 8-bit V: P scaled per key
-    ops::online_softmax_step(s, stats, o, mods.to_log2());         // s := P (n, Bc)
-    ops::scale_columns(s, scales.v);
-    if constexpr (Tiles::pairs) {
-      auto p = t.p.slice_rows(0, n);
-      ops::round_to_pairs(p, s);
-      ops::matmul_accumulate(o, p, v);
-    } else {
-      ops::matmul_accumulate(o, s, v);
-    }
-  } else if (values_finite) {
-    if constexpr (Tiles::pairs) {
-      auto p = t.p.slice_rows(0, n);
-      ops::online_softmax_step(s, stats, o, mods.to_log2(), &p);   // p := P in bf16, as on GPUs
-      ops::matmul_accumulate(o, p, v);                             // (n, dv)
-    } else {
-      ops::online_softmax_step(s, stats, o, mods.to_log2());       // s := P (n, Bc)
-      ops::matmul_accumulate(o, s, v);                             // (n, dv)
-    }
-  } else {
-    ops::online_softmax_step_visible_values(s, stats, o, values, mods.to_log2(), scales.v);
-  }
+    values_finite = ops::all_finite(values) && scales.values_finite(tile_keys(k_tile));
+  if (!values_finite) return ops::online_softmax_step_visible_values(s, stats, o, values, mods.to_log2(), scales.v);
+  accumulate_values(t, s, stats, o, v, scales, mods.to_log2(), n);
 }
 
 /// One key tile's work for the packed rows `rows`, which start at row first_row of the

@@ -18,8 +18,9 @@
 //                   (touch_head_rows), 4-bit blocks staged: dequantized into float rows.
 //
 // Where K and V live is the loaders' Kv policy (kernels/kv_source.hpp: contiguous, paged,
-// gathered). Scales of 8-bit K and V come with the operands (TileScalesRef, one per key);
-// 4-bit blocks carry theirs inside and dequantize exactly as they load. The next issue's
+// gathered). The scales that go with a tile come with its operands (TileScalesRef, the
+// quantization model of kernels/tile_scales.hpp: 8-bit K/V one per key; 4-bit blocks
+// dequantize exactly as they load). The next issue's
 // loaders (pages already in the products' operand layout, quantized codes multiplied
 // without conversion) are new models of the same concept.
 #pragma once
@@ -40,6 +41,7 @@
 #include "tileattn/kernels/operands.hpp"
 #include "tileattn/kernels/tile_lists.hpp"
 #include "tileattn/kernels/tile_plan.hpp"
+#include "tileattn/kernels/tile_scales.hpp"
 #include "tileattn/kernels/work_list.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
@@ -89,62 +91,6 @@ struct InPlaceTiles {
     return carve_pieces<InPlaceTiles>(arena, rows(plan), plan.key_tile_rows, d, dv);
   }
 };
-
-/// The largest key tile a plan makes (Bc <= max(head_dim, 64)): the bound of a tile's
-/// scale vectors.
-inline constexpr index_t max_key_tile_rows = std::max<index_t>(max_head_dim, 64);
-
-/// A key tile's dequantization scales of 8-bit K and V, one per key (nullptr: unscaled).
-struct TileScalesRef {
-  const float* k = nullptr;
-  const float* v = nullptr;
-};
-
-/// The scales of one work item's key tiles, loaded tile by tile (8-bit K/V with scales):
-/// two vectors of at most max_key_tile_rows floats, on the stack as the transposed load's
-/// staging block.
-struct TileScales {
-  ScaleSource k_source, v_source;
-  bool v_is_k = false;  // MLA's latent: V's scales are K's, loaded once
-  alignas(64) float k[max_key_tile_rows];
-  alignas(64) float v[max_key_tile_rows];
-
-  template <class Io>
-  TileScalesRef load(index_t col0, index_t cols, Io& io) {
-    assert(cols <= max_key_tile_rows);
-    TileScalesRef ref;
-    if (!k_source.empty()) {
-      load_scales(k, k_source, col0, cols, io);
-      ref.k = k;
-    }
-    if (v_is_k) {
-      ref.v = ref.k;
-    } else if (!v_source.empty()) {
-      load_scales(v, v_source, col0, cols, io);
-      ref.v = v;
-    }
-    return ref;
-  }
-};
-
-/// What 16- and 32-bit K/V have instead: no scales.
-struct NoTileScales {
-  template <class Io>
-  TileScalesRef load(index_t, index_t, Io&) { return {}; }
-};
-
-/// The scales of an item's K and V (8-bit K/V; nothing otherwise).
-template <class Kv, class T, class KV>
-auto item_scales(const ForwardParams<T, KV>& p, const QueryBlock& blk) {
-  std::conditional_t<quantized_type<KV>, TileScales, NoTileScales> scales;
-  if constexpr (quantized_type<KV>) {
-    scales.k_source = Kv::scales(p, p.k_scale, blk);
-    scales.v_source = Kv::scales(p, p.v_scale, blk);
-    scales.v_is_k = p.v_in_k && p.v_scale.data == p.k_scale.data && p.v_scale.stride == p.k_scale.stride &&
-                    p.v_scale.shape == p.k_scale.shape;
-  }
-  return scales;
-}
 
 /// The most K/V heads one in-place item takes (QueryBlock::kv_heads).
 inline constexpr index_t max_kv_heads_per_item = 16;
