@@ -311,12 +311,12 @@ int run(const Args& a, int argc, char** argv) {
     ring::RingStats fs, bs;
     MPI_Barrier(MPI_COMM_WORLD);
     ring::forward(MPI_COMM_WORLD, layout, cview(q, H, d), cview(k, Hkv, d), cview(v, Hkv, dv), view(o, H, dv),
-                       lse_view, opt, &fs);
+                       lse_view, &fs, opt);
     if (a.backward) {
       MPI_Barrier(MPI_COMM_WORLD);
       ring::backward(MPI_COMM_WORLD, layout, cview(q, H, d), cview(k, Hkv, d), cview(v, Hkv, dv),
                           cview(o, H, dv), tileattn::SavedLseView(lse_view), cview(dout, H, dv), view(dq, H, d),
-                          view(dk, Hkv, d), view(dvv, Hkv, dv), opt, &bs);
+                          view(dk, Hkv, d), view(dvv, Hkv, dv), &bs, opt);
     }
     const auto fwd_comm = comm_alone(rc, kv_bytes, grad_bytes, false);
     const auto bwd_comm = a.backward ? comm_alone(rc, kv_bytes, grad_bytes, true) : std::vector<double>{};

@@ -123,13 +123,13 @@ struct RingShard {
 
   void forward(MPI_Comm comm, const ForwardOptions& opt, ring::RingStats* stats = nullptr) {
     ring::forward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
-                       view(v, s.heads_kv, s.head_dim_v), view(o, s.heads, s.head_dim_v), lse_view(), opt, stats);
+                       view(v, s.heads_kv, s.head_dim_v), view(o, s.heads, s.head_dim_v), lse_view(), stats, opt);
   }
   void backward(MPI_Comm comm, const BackwardOptions& opt, ring::RingStats* stats = nullptr) {
     ring::backward(comm, layout, view(q, s.heads, s.head_dim), view(k, s.heads_kv, s.head_dim),
                         view(v, s.heads_kv, s.head_dim_v), view(o, s.heads, s.head_dim_v), lse_view(),
                         view(dout, s.heads, s.head_dim_v), view(dq, s.heads, s.head_dim),
-                        view(dk, s.heads_kv, s.head_dim), view(dv, s.heads_kv, s.head_dim_v), opt, stats);
+                        view(dk, s.heads_kv, s.head_dim), view(dv, s.heads_kv, s.head_dim_v), stats, opt);
   }
 
   /// This rank's rows of a full [B, N, heads, dim] tensor (any element type), as doubles.
@@ -463,6 +463,49 @@ TEST(Ring, StatsCountStepsAndBytes) {
   EXPECT_EQ(f.bytes_sent, P == 1 ? 0u : (P - 1) * block * sizeof(float));
   EXPECT_EQ(b.bytes_sent, P == 1 ? 0u : (P - 1) * block * sizeof(float) + P * block * sizeof(float));
   EXPECT_GE(f.seconds, f.compute_seconds);
+}
+
+// The former argument order, stats after the options (deprecated, docs/api.md): the same
+// call as stats before them, bit for bit, with the same statistics; and the form without an
+// LSE, in both orders.
+TEST(Ring, FormerStatsOrderIsTheSameCall) {
+  const ProblemShape sh{1, 101, 101, 4, 2, 32, 16};
+  BackwardProblem<float> full(sh, 8);
+  BackwardOptions opt;
+  opt.causal = true;
+  const ShardLayout layout(101, world_size());
+  RingShard<float> now(full, layout), former(full, layout);
+  ring::RingStats fn, bn, ff, bf, no_lse_now, no_lse_former;
+  now.forward(MPI_COMM_WORLD, opt, &fn);
+  now.backward(MPI_COMM_WORLD, opt, &bn);
+  const auto q = former.view(former.q, sh.heads, sh.head_dim), k = former.view(former.k, sh.heads_kv, sh.head_dim),
+             v = former.view(former.v, sh.heads_kv, sh.head_dim_v);
+  const auto o = former.view(former.o, sh.heads, sh.head_dim_v);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  ring::forward(MPI_COMM_WORLD, layout, q, k, v, o, former.lse_view(), opt, &ff);
+  ring::backward(MPI_COMM_WORLD, layout, q, k, v, o, former.lse_view(),
+                 former.view(former.dout, sh.heads, sh.head_dim_v), former.view(former.dq, sh.heads, sh.head_dim),
+                 former.view(former.dk, sh.heads_kv, sh.head_dim), former.view(former.dv, sh.heads_kv, sh.head_dim_v),
+                 opt, &bf);
+  std::vector<float> o_former(former.o.size(), sentinel), o_now(former.o.size(), sentinel);
+  ring::forward(MPI_COMM_WORLD, layout, q, k, v, make_bshd(o_former.data(), sh.batch, former.n, sh.heads, sh.head_dim_v),
+                opt, &no_lse_former);
+#pragma GCC diagnostic pop
+  ring::forward(MPI_COMM_WORLD, layout, q, k, v, make_bshd(o_now.data(), sh.batch, former.n, sh.heads, sh.head_dim_v),
+                &no_lse_now, opt);
+  EXPECT_TRUE(same_bits(former.o, now.o));
+  EXPECT_TRUE(same_bits(former.lse, now.lse));
+  EXPECT_TRUE(same_bits(former.dq, now.dq));
+  EXPECT_TRUE(same_bits(former.dk, now.dk));
+  EXPECT_TRUE(same_bits(former.dv, now.dv));
+  EXPECT_TRUE(same_bits(o_former, now.o));
+  EXPECT_TRUE(same_bits(o_now, now.o));
+  for (const ring::RingStats* st : {&fn, &bn, &ff, &bf, &no_lse_now, &no_lse_former}) EXPECT_EQ(st->steps, world_size());
+  EXPECT_EQ(ff.bytes_sent, fn.bytes_sent);
+  EXPECT_EQ(bf.bytes_sent, bn.bytes_sent);
+  EXPECT_EQ(no_lse_former.bytes_sent, fn.bytes_sent);
+  EXPECT_EQ(no_lse_now.bytes_sent, fn.bytes_sent);
 }
 
 // A NaN in one key reaches exactly the rows that see that key, as in the single process.

@@ -618,36 +618,88 @@ void ring_backward(MPI_Comm comm, const ShardLayout& layout, TensorView<const T>
 /// rank's shard, as forward() over the full tensors would give them (within fp32 rounding;
 /// the same bits on every run). q, k, v, o: [batch, layout.local_len(rank), heads, dim]
 /// shards as shard() cuts them; every rank calls with the same layout, shapes and options.
+/// stats (optional: nullptr) receives where this rank's time went.
 template <class Q, class K, class V, class O>
 void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
-                  const TensorView<V>& v, const TensorView<O>& o, LseView lse, const ForwardOptions& options = {},
-                  RingStats* stats = nullptr) {
+             const TensorView<V>& v, const TensorView<O>& o, LseView lse, RingStats* stats,
+             const ForwardOptions& options = {}) {
   checked::check_element_types<Q, K, V, O>();
   static_assert(std::is_same_v<std::remove_const_t<K>, O>,
                 "tileattn::ring: K and V must have Q's storage type (no 8-bit K/V in ring attention)");
   detail::ring_forward<O>(comm, layout, q, k, v, o, lse, options, stats);
 }
 
+/// ring::forward() without the statistics.
+template <class Q, class K, class V, class O>
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+             const TensorView<V>& v, const TensorView<O>& o, LseView lse, const ForwardOptions& options = {}) {
+  forward(comm, layout, q, k, v, o, lse, nullptr, options);
+}
+
 /// ring::forward() without the log-sum-exp output.
 template <class Q, class K, class V, class O>
 void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
-                  const TensorView<V>& v, const TensorView<O>& o, const ForwardOptions& options = {},
-                  RingStats* stats = nullptr) {
-  forward(comm, layout, q, k, v, o, LseView{}, options, stats);
+             const TensorView<V>& v, const TensorView<O>& o, RingStats* stats, const ForwardOptions& options = {}) {
+  forward(comm, layout, q, k, v, o, LseView{}, stats, options);
+}
+
+/// ring::forward() without the log-sum-exp output or the statistics.
+template <class Q, class K, class V, class O>
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+             const TensorView<V>& v, const TensorView<O>& o, const ForwardOptions& options = {}) {
+  forward(comm, layout, q, k, v, o, LseView{}, nullptr, options);
 }
 
 /// The gradients of ring::forward: dq, dk, dv of this rank's shard (dk and dv summed over
 /// every rank's queries), and options.dsinks summed over all ranks. o and lse are the
-/// forward's outputs on this rank; options the forward's.
+/// forward's outputs on this rank; options the forward's; stats as ring::forward's.
 template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
 void backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
-                   const TensorView<V>& v, const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout,
-                   const TensorView<DQ>& dq, const TensorView<DK>& dk, const TensorView<DV>& dv,
-                   const BackwardOptions& options = {}, RingStats* stats = nullptr) {
+              const TensorView<V>& v, const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout,
+              const TensorView<DQ>& dq, const TensorView<DK>& dk, const TensorView<DV>& dv, RingStats* stats,
+              const BackwardOptions& options = {}) {
   checked::check_backward_element_types<Q, K, V, O, DO, DQ, DK, DV>();
   static_assert(std::is_same_v<std::remove_const_t<K>, DQ>,
                 "tileattn::ring: K and V must have Q's storage type (no 8-bit K/V in ring attention)");
   detail::ring_backward<DQ>(comm, layout, q, k, v, o, lse, dout, dq, dk, dv, options, stats);
+}
+
+/// ring::backward() without the statistics.
+template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
+void backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+              const TensorView<V>& v, const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout,
+              const TensorView<DQ>& dq, const TensorView<DK>& dk, const TensorView<DV>& dv,
+              const BackwardOptions& options = {}) {
+  backward(comm, layout, q, k, v, o, lse, dout, dq, dk, dv, nullptr, options);
+}
+
+// The former argument order, the statistics after the options (docs/api.md: options last).
+
+/// ring::forward(comm, layout, q, k, v, o, lse, stats, options) in the former order.
+template <class Q, class K, class V, class O>
+[[deprecated("pass stats before the options: ring::forward(comm, layout, q, k, v, o, lse, stats, options)")]]
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+             const TensorView<V>& v, const TensorView<O>& o, LseView lse, const ForwardOptions& options,
+             RingStats* stats) {
+  forward(comm, layout, q, k, v, o, lse, stats, options);
+}
+
+/// ring::forward(comm, layout, q, k, v, o, stats, options) in the former order.
+template <class Q, class K, class V, class O>
+[[deprecated("pass stats before the options: ring::forward(comm, layout, q, k, v, o, stats, options)")]]
+void forward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+             const TensorView<V>& v, const TensorView<O>& o, const ForwardOptions& options, RingStats* stats) {
+  forward(comm, layout, q, k, v, o, LseView{}, stats, options);
+}
+
+/// ring::backward(comm, layout, ..., dv, stats, options) in the former order.
+template <class Q, class K, class V, class O, class DO, class DQ, class DK, class DV>
+[[deprecated("pass stats before the options: ring::backward(comm, layout, ..., dv, stats, options)")]]
+void backward(MPI_Comm comm, const ShardLayout& layout, const TensorView<Q>& q, const TensorView<K>& k,
+              const TensorView<V>& v, const TensorView<O>& o, SavedLseView lse, const TensorView<DO>& dout,
+              const TensorView<DQ>& dq, const TensorView<DK>& dk, const TensorView<DV>& dv,
+              const BackwardOptions& options, RingStats* stats) {
+  backward(comm, layout, q, k, v, o, lse, dout, dq, dk, dv, stats, options);
 }
 
 }  // namespace tileattn::ring
