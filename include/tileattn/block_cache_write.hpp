@@ -68,36 +68,36 @@ void quantize_token_blocks(const StridedView<const S, 3>& rows, index_t token, c
 /// head_dim_v powers of two). Pools [num_pages, page_size, heads_kv, head_dim(_v) /
 /// values_per_block].
 template <block_pool_type P, class SK, class SV>
-void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<P> k_pool,
-                    PagePoolView<P> v_pool, std::span<const std::int64_t> slot_mapping,
+void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<P> k_cache,
+                    PagePoolView<P> v_cache, std::span<const std::int64_t> slot_mapping,
                     const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {}) {
   using B = stored_block_t<P>;  // the blocks the codec writes
   constexpr bool hadamard = is_hadamard_rotated<P>;
-  const PagePoolView<B> k_cache = reinterpret_view<B>(k_pool), v_cache = reinterpret_view<B>(v_pool);
+  const PagePoolView<B> k_blocks = reinterpret_view<B>(k_cache), v_blocks = reinterpret_view<B>(v_cache);  // as B
   using S = std::remove_const_t<SK>;
   static_assert(storage_type<S> && std::is_same_v<S, std::remove_const_t<SV>>,
                 "tileattn: write_kv_slots: new K and V rows for a 4-bit cache must both hold float, bf16 or fp16");
   const StridedView<const S, 3> k_rows = k_new, v_rows = v_new;
   detail::check_view(k_rows, "k_new", detail::new_k_dims, detail::tokens_may_be_empty);
   detail::check_view(v_rows, "v_new", detail::new_v_dims, detail::tokens_may_be_empty);
-  detail::check_view(k_cache, "k_cache", detail::k_pool_dims);
-  detail::check_view(v_cache, "v_cache", detail::v_pool_dims);
-  detail::check_no_self_overlap(k_cache, "k_cache");
-  detail::check_no_self_overlap(v_cache, "v_cache");
-  detail::check_same_extent(k_cache, "k_cache", v_cache, "v_cache", 0, "num_pages");
-  detail::check_same_extent(k_cache, "k_cache", v_cache, "v_cache", 1, "page_size");
+  detail::check_view(k_blocks, "k_cache", detail::k_pool_dims);
+  detail::check_view(v_blocks, "v_cache", detail::v_pool_dims);
+  detail::check_no_self_overlap(k_blocks, "k_cache");
+  detail::check_no_self_overlap(v_blocks, "v_cache");
+  detail::check_same_extent(k_blocks, "k_cache", v_blocks, "v_cache", 0, "num_pages");
+  detail::check_same_extent(k_blocks, "k_cache", v_blocks, "v_cache", 1, "page_size");
   detail::check_same_extent(k_rows, "k_new", v_rows, "v_new", 0, "num_tokens");
-  detail::check_rows_match_block_pool(k_rows, "k_new", detail::new_k_dims, k_cache, "k_cache");
-  detail::check_rows_match_block_pool(v_rows, "v_new", detail::new_v_dims, v_cache, "v_cache");
-  for (const auto& [pool, name] : {std::pair{k_cache, "k_cache"}, std::pair{v_cache, "v_cache"}}) {
+  detail::check_rows_match_block_pool(k_rows, "k_new", detail::new_k_dims, k_blocks, "k_cache");
+  detail::check_rows_match_block_pool(v_rows, "v_new", detail::new_v_dims, v_blocks, "v_cache");
+  for (const auto& [pool, name] : {std::pair{k_blocks, "k_cache"}, std::pair{v_blocks, "v_cache"}}) {
     detail::check_disjoint(pool, name, k_rows, "k_new");
     detail::check_disjoint(pool, name, v_rows, "v_new");
     detail::check_disjoint(pool, name, detail::array_view(slot_mapping), "slot_mapping");
     detail::check_apart_from_rotary(rotary, positions, pool, name);
   }
-  detail::check_no_shared_element(v_cache, "v_cache", k_cache, "k_cache");
-  const index_t page_size = k_cache.shape[1];
-  detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_cache.shape[0] * page_size);
+  detail::check_no_shared_element(v_blocks, "v_cache", k_blocks, "k_cache");
+  const index_t page_size = k_blocks.shape[1];
+  detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_blocks.shape[0] * page_size);
   detail::check_rotary_write(rotary, positions, slot_mapping, k_rows.shape[0], k_rows.shape[2], "k_new");
   if constexpr (hadamard)
     for (const auto& [rows, name] : {std::pair{&k_rows, "k_new.shape[2] (head_dim)"},
@@ -108,8 +108,8 @@ void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v
   std::vector<float> x(static_cast<std::size_t>(std::max(k_rows.shape[2], v_rows.shape[2])));
   detail::for_each_slot(slot_mapping, page_size, rotary, positions, [&](index_t token, index_t page, index_t row,
                                                                         index_t position) {
-    detail::quantize_token_blocks(k_rows, token, k_cache, page, row, rotary, position, hadamard, x.data());
-    detail::quantize_token_blocks(v_rows, token, v_cache, page, row, RotaryOptions{}, 0, hadamard, x.data());
+    detail::quantize_token_blocks(k_rows, token, k_blocks, page, row, rotary, position, hadamard, x.data());
+    detail::quantize_token_blocks(v_rows, token, v_blocks, page, row, RotaryOptions{}, 0, hadamard, x.data());
   });
 }
 

@@ -320,28 +320,28 @@ void check_write_rotary(const RotaryOptions& rotary, std::span<const std::int64_
 /// once to T: the bits apply_rotary would give it. V is written as it is.
 template <class SK, class SV, class T>
   requires(!quantized_type<T> && !block_pool_type<T>)  // those quantize: below, block_cache_write.hpp
-void write_kv_slots(const StridedView<SK, 3>& new_k, const StridedView<SV, 3>& new_v, PagePoolView<T> k_cache,
+void write_kv_slots(const StridedView<SK, 3>& k_new, const StridedView<SV, 3>& v_new, PagePoolView<T> k_cache,
                     PagePoolView<T> v_cache, std::span<const std::int64_t> slot_mapping,
                     const RotaryOptions& rotary = {}, std::span<const std::int64_t> positions = {}) {
   static_assert(storage_type<T>, "tileattn: write_kv_slots: the caches must hold float, bf16 or fp16");
   static_assert(std::is_same_v<std::remove_const_t<SK>, T> && std::is_same_v<std::remove_const_t<SV>, T>,
                 "tileattn: write_kv_slots: k_new and v_new must hold the caches' element type");
-  const StridedView<const T, 3> k_new = new_k, v_new = new_v;
-  detail::check_kv_write(k_new, v_new, slot_mapping, k_cache, v_cache);
+  const StridedView<const T, 3> k_rows = k_new, v_rows = v_new;
+  detail::check_kv_write(k_rows, v_rows, slot_mapping, k_cache, v_cache);
   const index_t page_size = k_cache.shape[1];
-  detail::check_slot_mapping(slot_mapping, k_new.shape[0], k_cache.shape[0] * page_size);
-  detail::check_write_rotary(rotary, positions, slot_mapping, k_new.shape[0], k_cache, v_cache);
-  std::vector<float> x(rotary.enabled() ? static_cast<std::size_t>(k_new.shape[2]) : 0);
+  detail::check_slot_mapping(slot_mapping, k_rows.shape[0], k_cache.shape[0] * page_size);
+  detail::check_write_rotary(rotary, positions, slot_mapping, k_rows.shape[0], k_cache, v_cache);
+  std::vector<float> x(rotary.enabled() ? static_cast<std::size_t>(k_rows.shape[2]) : 0);
   for (std::size_t i = 0; i < slot_mapping.size(); ++i) {
     const std::int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
     const auto token = static_cast<index_t>(i);
     if (rotary.enabled())
-      detail::copy_rotated_token(k_new, token, k_cache, slot / page_size, slot % page_size, rotary, positions[i],
+      detail::copy_rotated_token(k_rows, token, k_cache, slot / page_size, slot % page_size, rotary, positions[i],
                                  x.data());
     else
-      detail::copy_token(k_new, token, k_cache, slot / page_size, slot % page_size);
-    detail::copy_token(v_new, token, v_cache, slot / page_size, slot % page_size);
+      detail::copy_token(k_rows, token, k_cache, slot / page_size, slot % page_size);
+    detail::copy_token(v_rows, token, v_cache, slot / page_size, slot % page_size);
   }
 }
 

@@ -244,14 +244,14 @@ class KvCache {
     write_rows(layer, sequence, position0, k_new, v_new, rotary);
   }
   template <class RowK, class RowV>  // an 8-bit cache's rows, or rows of the wrong type (one clear error)
-  void write(index_t layer, SequenceId sequence, index_t position0, const StridedView<RowK, 3>& k_rows,
-             const StridedView<RowV, 3>& v_rows, const RotaryOptions& rotary = {})
+  void write(index_t layer, SequenceId sequence, index_t position0, const StridedView<RowK, 3>& k_new,
+             const StridedView<RowV, 3>& v_new, const RotaryOptions& rotary = {})
     requires(converts || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
     if constexpr (takes_rows<RowK, RowV>) {
       using S = std::remove_const_t<RowK>;
-      write_rows(layer, sequence, position0, StridedView<const S, 3>(k_rows), StridedView<const S, 3>(v_rows),
+      write_rows(layer, sequence, position0, StridedView<const S, 3>(k_new), StridedView<const S, 3>(v_new),
                  rotary);
     }
   }
@@ -405,14 +405,14 @@ class KvCache {
     append_rows(sequence, k_new, v_new, rotary);
   }
   template <class RowK, class RowV>
-  void append(SequenceId sequence, const TensorView<RowK>& k_rows, const TensorView<RowV>& v_rows,
+  void append(SequenceId sequence, const TensorView<RowK>& k_new, const TensorView<RowV>& v_new,
               const RotaryOptions& rotary = {})
     requires(converts || !takes_rows<RowK, RowV>)
   {
     check_row_types<RowK, RowV>();
     if constexpr (takes_rows<RowK, RowV>) {
       using S = std::remove_const_t<RowK>;
-      append_rows(sequence, TensorView<const S>(k_rows), TensorView<const S>(v_rows), rotary);
+      append_rows(sequence, TensorView<const S>(k_new), TensorView<const S>(v_new), rotary);
     }
   }
 
