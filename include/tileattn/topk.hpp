@@ -24,6 +24,12 @@
 //    chunking depending on the lists' lengths only, for every tiling of the batch).
 // Prefix-once attention does not apply (PagedOptions::shared_prefix is ignored).
 //
+// Plan and run (paged.hpp's split): plan_forward_paged_topk(_varlen) takes the call's
+// arguments up to the options and returns the plan forward_paged_topk(_varlen)(plan, ...)
+// reuses, checked against the call. A plan depends on how many keys each row keeps (its
+// entries that are not -1 and that causal, the window and the chunk leave), not on which:
+// one plan serves the layers of a step whose rows keep as many keys each.
+//
 // How: the selected keys of one row form a compact list (indices checked, -1 and masked
 // keys dropped: O(batch x seqlen_q x topk) ints, the size of topk_indices). Each query
 // row becomes one sequence of a varlen paged call whose keys are its list, read by the
@@ -98,22 +104,41 @@ void copy_elements(const TensorView<A>& from, const TensorView<B>& to) {
         for (index_t c = 0; c < from.shape[3]; ++c) to(b, i, h, c) = from(b, i, h, c);
 }
 
-/// Runs the top-k call of p (checked; q, o and lse as [1, rows, ...] views of the rows of
-/// `rows`): the rows as sequences of a varlen call over their gathered keys.
+/// p, the checked params of a top-k call, as its run reads them: each query row of `rows`
+/// one sequence of a varlen call whose keys are the row's kept list (the run points
+/// p.gathered at them), the causal mask, window and chunk already applied to the lists.
 template <class T, class KV>
-void run_topk(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& options) {
+ForwardParams<T, KV> rows_params(ForwardParams<T, KV> p, const TopkRows& rows) {
   ScoreOptions positionless;  // causal, window and chunk were applied to the lists
   positionless.softcap = p.softcap;
   positionless.sinks = p.sinks;
   static_cast<ScoreOptions&>(p) = positionless;
-  const GatheredKeys keys = rows.keys();
-  p.gathered = &keys;
   p.cu_seqlens_q = rows.cu_rows.data();
   p.num_sequences = rows.rows();
   p.cache_seqlens = rows.counts.data();
+  return p;
+}
+
+/// The plan of the top-k call of checked params p over `rows`: forward_paged's planner over
+/// the rows as sequences, so it depends on the lists' lengths, not on which keys they hold.
+template <class T, class KV>
+PagedPlan topk_plan(const ForwardParams<T, KV>& p, const TopkRows& rows, const PagedOptions& options) {
+  return kernels::make_paged_plan_scored(rows_params(p, rows), rows.rows() > 0 ? 1 : 0, rows.longest, options,
+                                         ops::BuiltinScores{});
+}
+
+/// Runs the top-k call of p (checked; q, o and lse as [1, rows, ...] views of the rows of
+/// `rows`) on `plan` (topk_plan's; checked against the call when the caller gave it): the
+/// rows as sequences of a varlen call over their gathered keys.
+template <class T, class KV>
+void run_topk(const ForwardParams<T, KV>& call, const TopkRows& rows, const PagedPlan& plan,
+              const PagedOptions& options, PlanOrigin origin) {
+  ForwardParams<T, KV> p = rows_params(call, rows);
   const ops::BuiltinScores scores;
-  const PagedPlan plan = kernels::make_paged_plan_scored(p, rows.rows() > 0 ? 1 : 0, rows.longest, options, scores);
+  if (origin == PlanOrigin::caller) kernels::check_paged_plan(p, plan, options, scores.key_tile_limit(), false);
   if (rows.rows() == 0) return;  // (planned all the same: a budget that fits no tile throws, as forward_paged's)
+  const GatheredKeys keys = rows.keys();
+  p.gathered = &keys;
   const std::vector<float> accum = partial_states_for(p, plan);
   if (options.io_counts) {
     *options.io_counts = kernels::run_forward<CountingIo, kernels::GatheredPagedKv>(p, plan.tiles(), plan.work(),
@@ -124,11 +149,12 @@ void run_topk(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& 
   }
 }
 
-/// forward_paged_topk of checked params p (fixed-length queries): the rows of p's views as
-/// one [1, batch x seqlen_q] batch, staged through packed copies where their strides cannot
-/// be read so (copies outside the IO counters).
+/// forward_paged_topk of checked params p (fixed-length queries) on `plan` (run_topk's): the
+/// rows of p's views as one [1, batch x seqlen_q] batch, staged through packed copies where
+/// their strides cannot be read so (copies outside the IO counters).
 template <class T, class KV>
-void run_topk_rows(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOptions& options) {
+void run_topk_rows(ForwardParams<T, KV> p, const TopkRows& rows, const PagedPlan& plan, const PagedOptions& options,
+                   PlanOrigin origin) {
   const TensorView<const T> q = p.q;
   const TensorView<T> o = p.o;
   const LseView lse = p.lse;
@@ -156,12 +182,23 @@ void run_topk_rows(ForwardParams<T, KV> p, const TopkRows& rows, const PagedOpti
     lse_stage.resize(static_cast<std::size_t>(B * S * H));
     p.lse = LseView{lse_stage.data(), {1, H, B * S}, {0, B * S, 1}};  // [1, heads, rows]
   }
-  run_topk(p, rows, options);
+  run_topk(p, rows, plan, options, origin);
   if (!rows_o) copy_elements(make_bshd<const T>(o_stage.data(), B, S, H, o.shape[3]), o);
   if (!rows_lse)
     for (index_t b = 0; b < B; ++b)
       for (index_t h = 0; h < H; ++h)
         for (index_t i = 0; i < S; ++i) lse(b, h, i) = lse_stage[static_cast<std::size_t>(h * B * S + b * S + i)];
+}
+
+/// The checks of a top-k call beyond its paged call's (p: that call's checked params):
+/// topk_indices [batch, seqlen_q, topk] (packed: [1, total_q, topk]) against the queries and
+/// apart from the outputs, each entry in range; returns the rows it selects.
+template <class T, class KV>
+TopkRows checked_topk_rows(const ForwardParams<T, KV>& p, const StridedView<const std::int32_t, 3>& topk_indices,
+                           index_t batch, index_t seqlen_q) {
+  check_topk_shape(topk_indices, batch, seqlen_q);
+  check_topk_apart(p, topk_indices);
+  return topk_rows(p, topk_indices);
 }
 
 }  // namespace detail
@@ -179,10 +216,10 @@ void forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, co
     detail::check_topk_options(options);
     const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table,
                                                                     cache_seqlens, o, lse, options);
-    detail::check_topk_shape(topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
-    detail::check_topk_apart(call.params, topk_indices);
-    const detail::TopkRows rows = detail::topk_rows(call.params, topk_indices);
-    detail::run_topk_rows(call.params, rows, options);
+    const detail::TopkRows rows =
+        detail::checked_topk_rows(call.params, topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
+    const PagedPlan plan = detail::topk_plan(call.params, rows, options);
+    detail::run_topk_rows(call.params, rows, plan, options, detail::PlanOrigin::this_call);
   }
 }
 
@@ -192,6 +229,41 @@ void forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, co
                         BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
                         TopkIndicesView topk_indices, const TensorView<O>& o, const PagedOptions& options = {}) {
   forward_paged_topk(q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, LseView{}, options);
+}
+
+/// The plan forward_paged_topk(q, k_cache, v_cache, block_table, cache_seqlens, topk_indices,
+/// ...) makes, for reuse across calls (the layers of a step) whose rows keep as many keys
+/// each: it depends on each row's count of kept keys (entries not -1 that the causal mask,
+/// window and chunk leave), not on which keys. Checks every argument as the call would;
+/// reads topk_indices, cache_seqlens and the block table, not the data.
+template <class Q, class K, class V, class O>
+PagedPlan plan_forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                                  BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                                  TopkIndicesView topk_indices, const TensorView<O>& o, LseView lse,
+                                  const PagedOptions& options = {}) {
+  detail::check_topk_element_types<Q, K, V, O>();
+  detail::check_topk_options(options);
+  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                  o, lse, options);
+  const detail::TopkRows rows =
+      detail::checked_topk_rows(call.params, topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
+  return detail::topk_plan(call.params, rows, options);
+}
+
+/// forward_paged_topk with a plan from plan_forward_paged_topk (checked against the call).
+template <class Q, class K, class V, class O>
+void forward_paged_topk(const PagedPlan& plan, const TensorView<Q>& q, const TensorView<K>& k_cache,
+                        const TensorView<V>& v_cache, BlockTableView block_table,
+                        std::span<const std::int32_t> cache_seqlens, TopkIndicesView topk_indices,
+                        const TensorView<O>& o, LseView lse, const PagedOptions& options = {}) {
+  if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
+    detail::check_topk_options(options);
+    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table,
+                                                                    cache_seqlens, o, lse, options);
+    const detail::TopkRows rows =
+        detail::checked_topk_rows(call.params, topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
+    detail::run_topk_rows(call.params, rows, plan, options, detail::PlanOrigin::caller);
+  }
 }
 
 /// forward_paged_varlen() with packed query row r attending only the keys topk_indices[r, :]
@@ -206,10 +278,42 @@ void forward_paged_topk_varlen(const PackedView<Q>& q, const TensorView<K>& k_ca
     detail::check_topk_options(options);
     const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
                                                                            block_table, cache_seqlens, o, lse, options);
-    const TopkIndicesView idx = topk_indices.with_leading();
-    detail::check_topk_shape(idx, 1, q.shape[0]);
-    detail::check_topk_apart(call.params, idx);
-    detail::run_topk(call.params, detail::topk_rows(call.params, idx), options);
+    const detail::TopkRows rows = detail::checked_topk_rows(call.params, topk_indices.with_leading(), 1, q.shape[0]);
+    const PagedPlan plan = detail::topk_plan(call.params, rows, options);
+    detail::run_topk(call.params, rows, plan, options, detail::PlanOrigin::this_call);
+  }
+}
+
+/// The plan forward_paged_topk_varlen makes (plan_forward_paged_topk's, for packed queries).
+template <class Q, class K, class V, class O>
+PagedPlan plan_forward_paged_topk_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache,
+                                         const TensorView<V>& v_cache, BlockTableView block_table,
+                                         std::span<const std::int32_t> cache_seqlens,
+                                         PackedTopkIndicesView topk_indices, const PackedView<O>& o,
+                                         PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                                         const PagedOptions& options = {}) {
+  detail::check_topk_element_types<Q, K, V, O>();
+  detail::check_topk_options(options);
+  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
+                                                                         block_table, cache_seqlens, o, lse, options);
+  const detail::TopkRows rows = detail::checked_topk_rows(call.params, topk_indices.with_leading(), 1, q.shape[0]);
+  return detail::topk_plan(call.params, rows, options);
+}
+
+/// forward_paged_topk_varlen with a plan from plan_forward_paged_topk_varlen (checked against
+/// the call).
+template <class Q, class K, class V, class O>
+void forward_paged_topk_varlen(const PagedPlan& plan, const PackedView<Q>& q, const TensorView<K>& k_cache,
+                               const TensorView<V>& v_cache, BlockTableView block_table,
+                               std::span<const std::int32_t> cache_seqlens, PackedTopkIndicesView topk_indices,
+                               const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                               const PagedOptions& options = {}) {
+  if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
+    detail::check_topk_options(options);
+    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
+                                                                           block_table, cache_seqlens, o, lse, options);
+    const detail::TopkRows rows = detail::checked_topk_rows(call.params, topk_indices.with_leading(), 1, q.shape[0]);
+    detail::run_topk(call.params, rows, plan, options, detail::PlanOrigin::caller);
   }
 }
 

@@ -5,7 +5,9 @@
 // dropping keys, softcap and sinks, bf16 and per-page int8 caches; every key selected in
 // order is forward_paged bitwise; the varlen form is the fixed one bitwise; bitwise the
 // same on every backend and thread count; IO counts exactly the selected rows; bad
-// indices and unsupported options rejected with nothing written.
+// indices and unsupported options rejected with nothing written; the plan forms
+// (plan_forward_paged_topk(_varlen)) give the unplanned calls' bits, and a plan of another
+// call throws "plan" with nothing written.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -401,6 +403,166 @@ TEST(PagedTopk, BadIndicesAndUnsupportedOptionsAreRejectedWithNothingWritten) {
                                          batch.seqlens, in_o, batch.o_view(), batch.lse_view()),
                       "o");
   EXPECT_EQ(std::memcmp(batch.o.data(), o_before.data(), o_before.size() * sizeof(float)), 0);
+}
+
+// ---- Plans -------------------------------------------------------------------------------
+
+/// Top-k lists of packed query rows: row r of sequence b (cu_q[b] <= r < cu_q[b + 1]) picks
+/// `k` keys of [0, k_lens[b]) at random (repeats allowed), each -1 with probability 1/4.
+std::vector<std::int32_t> packed_lists(const std::vector<std::int32_t>& cu_q, const std::vector<index_t>& k_lens,
+                                       index_t k, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> idx;
+  for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
+    std::uniform_int_distribution<std::int32_t> key(0, static_cast<std::int32_t>(k_lens[b]) - 1);
+    for (index_t r = cu_q[b]; r < cu_q[b + 1]; ++r)
+      for (index_t j = 0; j < k; ++j) idx.push_back(rng() % 4 == 0 ? -1 : key(rng));
+  }
+  return idx;
+}
+
+template <class T>
+PagedPlan plan_topk(PagedBatch<T>& batch, const TopkLists& lists, const PagedOptions& options = {}) {
+  return plan_forward_paged_topk(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                                 lists.view(), batch.o_view(), batch.lse_view(), options);
+}
+
+template <class T>
+void run_topk(const PagedPlan& plan, PagedBatch<T>& batch, const TopkLists& lists, const PagedOptions& options = {}) {
+  forward_paged_topk(plan, batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                     lists.view(), batch.o_view(), batch.lse_view(), options);
+}
+
+// plan_forward_paged_topk and forward_paged_topk(plan, ...): the unplanned call's bits, over
+// sequences of 1, 17 and 127 keys with 3 causal query rows each (some rows see no key), with
+// and without split-KV; planning writes nothing. The plan of one layer's lists serves
+// another layer's that keep as many keys per row (no causal mask: min(127, length) each).
+TEST(PagedTopk, PlanGivesTheUnplannedCallsBits) {
+  PagedShape s{{1, 17, 127}, 3, 4, 2, 40, 24, 16};
+  PagedBatch<float> batch(s, 81);
+  const TopkLists lists(s, 127, 82);
+  for (index_t splits : {0, 3}) {
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    PagedOptions opt;
+    opt.num_splits = splits;
+    opt.causal = true;
+    batch.reset_outputs();
+    run_topk(batch, lists, opt);
+    const std::vector<float> want_o = batch.o, want_lse = batch.lse;
+    batch.reset_outputs();
+    const PagedPlan plan = plan_topk(batch, lists, opt);
+    EXPECT_EQ(plan.keys_per_split() > 0, splits == 3);  // 3: sequence 2's rows in chunks of 64 keys
+    EXPECT_TRUE(all_equal(batch.o, sentinel) && all_equal(batch.lse, sentinel));
+    run_topk(plan, batch, lists, opt);
+    EXPECT_TRUE(bitwise_equal(batch.o, want_o));
+    EXPECT_TRUE(bitwise_equal(batch.lse, want_lse));
+  }
+  const TopkLists next_layer(s, 127, 83);
+  const PagedPlan plan = plan_topk(batch, lists);
+  batch.reset_outputs();
+  run_topk(batch, next_layer);
+  const std::vector<float> want_o = batch.o, want_lse = batch.lse;
+  batch.reset_outputs();
+  run_topk(plan, batch, next_layer);
+  EXPECT_TRUE(bitwise_equal(batch.o, want_o));
+  EXPECT_TRUE(bitwise_equal(batch.lse, want_lse));
+}
+
+// The varlen form: query rows 1, 17 and 127 over 1, 17 and 127 keys (causal: square), lists
+// of 127 entries with -1 and repeats, with and without split-KV.
+TEST(PagedTopk, VarlenPlanGivesTheUnplannedCallsBits) {
+  PagedShape s{{1, 17, 127}, 1, 4, 2, 40, 24, 16};
+  PagedBatch<float> batch(s, 91);
+  const std::vector<std::int32_t> cu{0, 1, 18, 145};
+  const index_t total = 145, topk = 127;
+  std::vector<float> q(static_cast<std::size_t>(total * s.heads_q * s.head_dim));
+  std::mt19937_64 rng(92);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : q) x = normal(rng);
+  const std::vector<std::int32_t> idx = packed_lists(cu, s.k_lens, topk, 93);
+  std::vector<float> o, lse;
+  const auto call = [&](const PagedPlan* plan, const PagedOptions& opt) {
+    o.assign(static_cast<std::size_t>(total * s.heads_q * s.dv()), sentinel);
+    lse.assign(static_cast<std::size_t>(total * s.heads_q), sentinel);
+    const auto qv = make_thd<const float>(q.data(), total, s.heads_q, s.head_dim);
+    const auto iv = make_packed_topk_indices(idx.data(), total, topk);
+    const auto ov = make_thd(o.data(), total, s.heads_q, s.dv());
+    const auto lv = make_packed_lse(lse.data(), s.heads_q, total);
+    if (plan)
+      forward_paged_topk_varlen(*plan, qv, batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens, iv,
+                                ov, lv, cu, opt);
+    else
+      forward_paged_topk_varlen(qv, batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens, iv, ov, lv,
+                                cu, opt);
+  };
+  for (index_t splits : {0, 3}) {
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    PagedOptions opt;
+    opt.num_splits = splits;
+    opt.causal = true;
+    call(nullptr, opt);
+    const std::vector<float> want_o = o, want_lse = lse;
+    o.assign(o.size(), sentinel);
+    lse.assign(lse.size(), sentinel);
+    const PagedPlan plan = plan_forward_paged_topk_varlen(
+        make_thd<const float>(q.data(), total, s.heads_q, s.head_dim), batch.k_cache(), batch.v_cache(),
+        batch.block_table(), batch.seqlens, make_packed_topk_indices(idx.data(), total, topk),
+        make_thd(o.data(), total, s.heads_q, s.dv()), make_packed_lse(lse.data(), s.heads_q, total), cu, opt);
+    EXPECT_EQ(plan.keys_per_split() > 0, splits == 3);
+    EXPECT_TRUE(all_equal(o, sentinel) && all_equal(lse, sentinel));
+    call(&plan, opt);
+    EXPECT_TRUE(bitwise_equal(o, want_o));
+    EXPECT_TRUE(bitwise_equal(lse, want_lse));
+  }
+}
+
+// A plan used with a call it was not made for throws invalid_argument naming "plan" and
+// writes nothing: lists whose rows keep other counts, other options, a forward_paged plan of
+// the same batch; the varlen form likewise. The planner checks the call's arguments.
+TEST(PagedTopk, PlanOfAnotherCallIsRejectedWithNothingWritten) {
+  PagedShape s{{1, 17, 127}, 3, 4, 2, 40, 24, 16};
+  PagedBatch<float> batch(s, 101);
+  const TopkLists lists(s, 17, 102);
+  const PagedPlan plan = plan_topk(batch, lists);
+  const auto expect_rejected = [&](auto&& call, const std::string& name) {
+    batch.reset_outputs();
+    EXPECT_THROW_NAMING(call(), name);
+    EXPECT_TRUE(all_equal(batch.o, sentinel) && all_equal(batch.lse, sentinel)) << name;
+  };
+  TopkLists shorter = lists;
+  for (std::size_t j = 0; j < shorter.idx.size(); ++j)
+    if (shorter.idx[j] >= 0) {
+      shorter.idx[j] = -1;  // one row keeps one key fewer
+      break;
+    }
+  expect_rejected([&] { run_topk(plan, batch, shorter); }, "plan");
+  PagedOptions split;
+  split.num_splits = 2;
+  expect_rejected([&] { run_topk(plan, batch, lists, split); }, "plan");
+  const PagedPlan dense = plan_forward_paged(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(),
+                                             batch.seqlens, batch.o_view(), batch.lse_view());
+  expect_rejected([&] { run_topk(dense, batch, lists); }, "plan");
+  TopkLists bad = lists;
+  bad.idx.back() = 127;  // sequence 2 has 127 keys
+  expect_rejected([&] { plan_topk(batch, bad); }, "topk_indices");
+  // Varlen: the same rows packed, with the lists of one row shortened.
+  const index_t total = s.batch() * s.q_len;
+  const std::vector<std::int32_t> cu{0, 3, 6, 9};
+  const auto run_varlen = [&](const PagedPlan& p, const TopkLists& l) {
+    forward_paged_topk_varlen(p, make_thd<const float>(batch.q.data(), total, s.heads_q, s.head_dim),
+                              batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                              make_packed_topk_indices(l.idx.data(), total, l.k),
+                              make_thd(batch.o.data(), total, s.heads_q, s.dv()),
+                              make_packed_lse(batch.lse.data(), s.heads_q, total), cu);
+  };
+  const PagedPlan packed = plan_forward_paged_topk_varlen(
+      make_thd<const float>(batch.q.data(), total, s.heads_q, s.head_dim), batch.k_cache(), batch.v_cache(),
+      batch.block_table(), batch.seqlens, make_packed_topk_indices(lists.idx.data(), total, lists.k),
+      make_thd(batch.o.data(), total, s.heads_q, s.dv()), make_packed_lse(batch.lse.data(), s.heads_q, total), cu);
+  expect_rejected([&] { run_varlen(packed, shorter); }, "plan");
+  batch.reset_outputs();
+  run_varlen(packed, lists);  // the call it was made for
+  EXPECT_FALSE(all_equal(batch.o, sentinel));
 }
 
 }  // namespace

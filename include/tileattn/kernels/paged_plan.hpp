@@ -161,7 +161,7 @@ void check_paged_plan(const ForwardParams<T, KV>& p, const PagedPlan& plan, cons
   signature.shape.push_back(key_tile_limit);
   if (shared_prefix) signature.shape.push_back(shared_prefix_mark);
   TILEATTN_REQUIRE(plan.signature() == signature, "plan",
-                   "was made for another batch shape, cache_seqlens, mask or options");
+                   "was made for another batch shape, cache_seqlens, top-k list lengths, mask or options");
 }
 
 }  // namespace tileattn::kernels
