@@ -20,7 +20,9 @@
 // (float, bf16, fp16; 8-bit K/V with scales), GQA, LSE and errors are forward()'s and
 // backward()'s. forward_paged_flex (and its varlen form) does the same over a paged KV
 // cache (paged.hpp), e.g. a speculative verify step under a draft tree's mask
-// (flex/tree_mask.hpp).
+// (flex/tree_mask.hpp), and plans as forward_paged does: plan_forward_paged_flex(_varlen)
+// takes the call's arguments up to the options, and forward_paged_flex(_varlen)(plan, ...)
+// reuses the plan, checked against the call.
 #pragma once
 
 #include <type_traits>
@@ -116,13 +118,28 @@ void forward_flex_varlen(const PackedView<Q>& q, const PackedView<K>& k, const P
 }
 
 namespace detail {
-/// A checked paged call (forward_paged's checks, the block mask's against the batch), its
-/// plan with `scores`, and its run.
+/// The plan of a checked paged call (forward_paged's checks) with `scores`, after the block
+/// mask's checks against the batch: the block size caps the key tile, and the mask's empty
+/// blocks order the work (estimates only: any mask of that block size runs on it).
+template <class T, class KV, class Scores>
+PagedPlan paged_flex_plan(const PagedCall<T, KV>& call, const PagedOptions& options, const Scores& scores) {
+  scores.check(call.params, call.longest_q, call.longest_k);
+  return kernels::make_paged_plan_scored(call.params, call.longest_q, call.longest_k, options, scores);
+}
+
+/// Runs a checked paged call with `scores` on its own plan.
 template <class T, class KV, class Scores>
 void run_paged_flex(const PagedCall<T, KV>& call, const PagedOptions& options, const Scores& scores) {
+  run_paged_scored(call.params, paged_flex_plan(call, options, scores), options, scores, PlanOrigin::this_call);
+}
+
+/// The same on a plan from plan_forward_paged_flex(_varlen), checked against the call after
+/// the block mask.
+template <class T, class KV, class Scores>
+void run_paged_flex(const PagedCall<T, KV>& call, const PagedPlan& plan, const PagedOptions& options,
+                    const Scores& scores) {
   scores.check(call.params, call.longest_q, call.longest_k);
-  const PagedPlan plan = kernels::make_paged_plan_scored(call.params, call.longest_q, call.longest_k, options, scores);
-  run_paged_scored(call.params, plan, options, scores, PlanOrigin::this_call);
+  run_paged_scored(call.params, plan, options, scores, PlanOrigin::caller);
 }
 }  // namespace detail
 
@@ -142,6 +159,38 @@ void forward_paged_flex(const TensorView<Q>& q, const TensorView<K>& k_cache, co
   }
 }
 
+/// The plan forward_paged_flex(q, k_cache, v_cache, block_table, cache_seqlens, o, lse,
+/// score_mod, mask, ...) makes, for reuse across calls (the layers of a verify step): checks
+/// every argument as the call would (the data are not read). Of the mask it keeps the key
+/// block size of a BlockMask (none for a mask_mod), which the call's mask must have; which
+/// blocks are empty only orders its work, so a call with any mask of that kind runs on it,
+/// with the bits of its own plan.
+template <class Q, class K, class V, class O, class ScoreMod, class Mask>
+PagedPlan plan_forward_paged_flex(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                                  BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                                  const TensorView<O>& o, LseView lse, const ScoreMod& score_mod, const Mask& mask,
+                                  const PagedOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  detail::check_flex_types<ScoreMod, Mask>();
+  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                  o, lse, options);
+  return detail::paged_flex_plan(call, options, detail::flex_scores(score_mod, mask));
+}
+
+/// forward_paged_flex with a plan from plan_forward_paged_flex (checked against the call).
+template <class Q, class K, class V, class O, class ScoreMod, class Mask>
+void forward_paged_flex(const PagedPlan& plan, const TensorView<Q>& q, const TensorView<K>& k_cache,
+                        const TensorView<V>& v_cache, BlockTableView block_table,
+                        std::span<const std::int32_t> cache_seqlens, const TensorView<O>& o, LseView lse,
+                        const ScoreMod& score_mod, const Mask& mask, const PagedOptions& options = {}) {
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>()) {
+    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
+                                                                    o, lse, options);
+    detail::run_paged_flex(call, plan, options, detail::flex_scores(score_mod, mask));
+  }
+}
+
 /// forward_paged_flex() with queries of varying lengths (forward_paged_varlen()'s layout): a
 /// block mask covers [batch or 1, heads or 1, max query length, max(cache_seqlens)].
 template <class Q, class K, class V, class O, class ScoreMod, class Mask>
@@ -154,6 +203,37 @@ void forward_paged_flex_varlen(const PackedView<Q>& q, const TensorView<K>& k_ca
     const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
                                                                            block_table, cache_seqlens, o, lse, options);
     detail::run_paged_flex(call, options, detail::flex_scores(score_mod, mask));
+  }
+}
+
+/// The plan forward_paged_flex_varlen makes (plan_forward_paged_flex's, for packed queries).
+template <class Q, class K, class V, class O, class ScoreMod, class Mask>
+PagedPlan plan_forward_paged_flex_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache,
+                                         const TensorView<V>& v_cache, BlockTableView block_table,
+                                         std::span<const std::int32_t> cache_seqlens, const PackedView<O>& o,
+                                         PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                                         const ScoreMod& score_mod, const Mask& mask,
+                                         const PagedOptions& options = {}) {
+  detail::check_element_types<Q, K, V, O>();
+  detail::check_flex_types<ScoreMod, Mask>();
+  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
+                                                                         block_table, cache_seqlens, o, lse, options);
+  return detail::paged_flex_plan(call, options, detail::flex_scores(score_mod, mask));
+}
+
+/// forward_paged_flex_varlen with a plan from plan_forward_paged_flex_varlen (checked against
+/// the call).
+template <class Q, class K, class V, class O, class ScoreMod, class Mask>
+void forward_paged_flex_varlen(const PagedPlan& plan, const PackedView<Q>& q, const TensorView<K>& k_cache,
+                               const TensorView<V>& v_cache, BlockTableView block_table,
+                               std::span<const std::int32_t> cache_seqlens, const PackedView<O>& o,
+                               PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
+                               const ScoreMod& score_mod, const Mask& mask, const PagedOptions& options = {}) {
+  constexpr bool types_ok = detail::check_element_types<Q, K, V, O>();
+  if constexpr (types_ok && detail::check_flex_types<ScoreMod, Mask>()) {
+    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
+                                                                           block_table, cache_seqlens, o, lse, options);
+    detail::run_paged_flex(call, plan, options, detail::flex_scores(score_mod, mask));
   }
 }
 

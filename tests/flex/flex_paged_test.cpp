@@ -11,13 +11,16 @@
 //   - IO: a block mask's empty blocks are never read (K/V bytes exactly those of the key
 //     tiles it leaves);
 //   - argument errors: parents out of order, too few keys for the drafts, a block mask of
-//     another shape (nothing written).
+//     another shape (nothing written);
+//   - plans: plan_forward_paged_flex(_varlen) and the plan overloads give the unplanned
+//     calls' bits, and a plan of another call throws "plan" with nothing written.
 #include <gtest/gtest.h>
 
 #include <random>
 #include <string>
 #include <vector>
 
+#include "support/expect_throw_naming.hpp"
 #include "support/paged_support.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/flex.hpp"
@@ -230,6 +233,147 @@ TEST(DraftTree, BadArgumentsNameTheirParameter) {
   // heap-buffer-overflow) until the tree checked the call's batch.
   rejects([&] { run_flex(batch, draft_tree_mask(ok, 3, std::vector<std::int32_t>{40}), {}); }, "block_mask");
   EXPECT_TRUE(all_equal(batch.lse, sentinel) && all_equal(batch.o, sentinel));
+}
+
+// ---- Plans -------------------------------------------------------------------------------
+// Under the draft tree's block mask and no score_mod, the kernels run_flex compiles.
+
+template <class Mask>
+PagedPlan plan_flex(PagedBatch<float>& batch, const Mask& mask, const PagedOptions& options) {
+  return plan_forward_paged_flex(batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                                 batch.o_view(), batch.lse_view(), flex::no_score_mod{}, mask, options);
+}
+
+template <class Mask>
+void run_flex(const PagedPlan& plan, PagedBatch<float>& batch, const Mask& mask, const PagedOptions& options) {
+  forward_paged_flex(plan, batch.q_view(), batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                     batch.o_view(), batch.lse_view(), flex::no_score_mod{}, mask, options);
+}
+
+/// The batch's rows as a packed call (forward_paged_flex_varlen, planned when `plan` is
+/// given): every sequence's q_len rows, cu_seqlens_q 0, q_len, 2 q_len, ...; O and LSE into
+/// o and lse ([total, heads, dv] and [heads, total]).
+template <class Mask>
+void run_flex_varlen(const PagedPlan* plan, PagedBatch<float>& batch, const Mask& mask, const PagedOptions& options,
+                     std::vector<float>& o, std::vector<float>& lse) {
+  const PagedShape& s = batch.shape;
+  const index_t total = s.batch() * s.q_len;
+  std::vector<std::int32_t> cu;
+  for (index_t b = 0; b <= s.batch(); ++b) cu.push_back(static_cast<std::int32_t>(b * s.q_len));
+  const auto q = make_thd<const float>(batch.q.data(), total, s.heads_q, s.head_dim);
+  const auto ov = make_thd(o.data(), total, s.heads_q, s.dv());
+  const auto lv = make_packed_lse(lse.data(), s.heads_q, total);
+  if (plan)
+    forward_paged_flex_varlen(*plan, q, batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens, ov, lv,
+                              cu, flex::no_score_mod{}, mask, options);
+  else
+    forward_paged_flex_varlen(q, batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens, ov, lv, cu,
+                              flex::no_score_mod{}, mask, options);
+}
+
+template <class Mask>
+PagedPlan plan_flex_varlen(PagedBatch<float>& batch, const Mask& mask, const PagedOptions& options,
+                           std::vector<float>& o, std::vector<float>& lse) {
+  const PagedShape& s = batch.shape;
+  const index_t total = s.batch() * s.q_len;
+  std::vector<std::int32_t> cu;
+  for (index_t b = 0; b <= s.batch(); ++b) cu.push_back(static_cast<std::int32_t>(b * s.q_len));
+  return plan_forward_paged_flex_varlen(make_thd<const float>(batch.q.data(), total, s.heads_q, s.head_dim),
+                                        batch.k_cache(), batch.v_cache(), batch.block_table(), batch.seqlens,
+                                        make_thd(o.data(), total, s.heads_q, s.dv()),
+                                        make_packed_lse(lse.data(), s.heads_q, total), cu, flex::no_score_mod{}, mask,
+                                        options);
+}
+
+/// One random draft tree of `tokens` per sequence of the batch, over its cache_seqlens.
+BlockMask<flex::draft_tree> random_trees(const PagedBatch<float>& batch, index_t tokens, std::uint64_t seed,
+                                         BlockSize block = {16, 64}) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> parents;
+  for (index_t b = 0; b < batch.shape.batch(); ++b) {
+    const auto tree = random_tree(tokens, rng);
+    parents.insert(parents.end(), tree.begin(), tree.end());
+  }
+  return draft_tree_mask(parents, tokens, batch.seqlens, block);
+}
+
+// plan_forward_paged_flex(_varlen) and the plan overloads: the unplanned calls' bits, over
+// sequences of 3, 17 and 127 keys verifying 3-token draft trees, with and without split-KV;
+// planning writes nothing. A plan serves another tree of the same block size (the mask only
+// orders the work).
+TEST(PagedFlex, PlanGivesTheUnplannedCallsBits) {
+  PagedBatch<float> batch(PagedShape{{3, 17, 127}, 3, 4, 2, 40, 24, 16}, 12);
+  const auto trees = random_trees(batch, 3, 13), other_trees = random_trees(batch, 3, 14);
+  const std::size_t o_size = batch.o.size(), lse_size = batch.lse.size();
+  for (index_t splits : {0, 3}) {
+    SCOPED_TRACE("num_splits " + std::to_string(splits));
+    PagedOptions opt;
+    opt.num_splits = splits;
+    batch.reset_outputs();
+    run_flex(batch, trees, opt);
+    const std::vector<float> want_o = batch.o, want_lse = batch.lse;
+    batch.reset_outputs();
+    const PagedPlan plan = plan_flex(batch, trees, opt);
+    EXPECT_EQ(plan.keys_per_split() > 0, splits == 3);  // 3: sequence 2 in chunks of 64 keys
+    EXPECT_TRUE(all_equal(batch.o, sentinel) && all_equal(batch.lse, sentinel));
+    run_flex(plan, batch, trees, opt);
+    EXPECT_TRUE(bitwise_equal(batch.o, want_o));
+    EXPECT_TRUE(bitwise_equal(batch.lse, want_lse));
+    // Another tree on the same plan.
+    batch.reset_outputs();
+    run_flex(batch, other_trees, opt);
+    const std::vector<float> other_o = batch.o, other_lse = batch.lse;
+    batch.reset_outputs();
+    run_flex(plan, batch, other_trees, opt);
+    EXPECT_TRUE(bitwise_equal(batch.o, other_o));
+    EXPECT_TRUE(bitwise_equal(batch.lse, other_lse));
+    // The varlen form.
+    std::vector<float> o(o_size, sentinel), lse(lse_size, sentinel);
+    run_flex_varlen(nullptr, batch, trees, opt, o, lse);
+    const std::vector<float> want_packed_o = o, want_packed_lse = lse;
+    o.assign(o_size, sentinel);
+    lse.assign(lse_size, sentinel);
+    const PagedPlan packed = plan_flex_varlen(batch, trees, opt, o, lse);
+    EXPECT_EQ(packed.keys_per_split() > 0, splits == 3);
+    EXPECT_TRUE(all_equal(o, sentinel) && all_equal(lse, sentinel));
+    run_flex_varlen(&packed, batch, trees, opt, o, lse);
+    EXPECT_TRUE(bitwise_equal(o, want_packed_o));
+    EXPECT_TRUE(bitwise_equal(lse, want_packed_lse));
+  }
+}
+
+// A plan used with a call it was not made for throws invalid_argument naming "plan" and
+// writes nothing: other cache_seqlens (with a tree made for them), another block size, the
+// plan of the tree's mask_mod without its blocks, other options; the varlen form likewise.
+// The planner checks the call's arguments (a tree for other cache_seqlens: "block_mask").
+TEST(PagedFlex, PlanOfAnotherCallIsRejectedWithNothingWritten) {
+  PagedBatch<float> batch(PagedShape{{3, 17, 127}, 3, 4, 2, 40, 24, 16}, 15);
+  const std::vector<std::int32_t> chain{-1, 0, 1};
+  const auto tree = draft_tree_mask(chain, 3, batch.seqlens, BlockSize{16, 64});
+  const PagedPlan plan = plan_flex(batch, tree, {});
+  const auto expect_rejected = [&](auto&& call, const std::string& name) {
+    batch.reset_outputs();
+    EXPECT_THROW_NAMING(call(), name);
+    EXPECT_TRUE(all_equal(batch.o, sentinel) && all_equal(batch.lse, sentinel)) << name;
+  };
+  batch.seqlens[2] = 126;
+  const auto shorter = draft_tree_mask(chain, 3, batch.seqlens, BlockSize{16, 64});
+  expect_rejected([&] { run_flex(plan, batch, shorter, {}); }, "plan");
+  batch.seqlens[2] = 127;
+  const auto other_blocks = draft_tree_mask(chain, 3, batch.seqlens, BlockSize{16, 32});
+  expect_rejected([&] { run_flex(plan, batch, other_blocks, {}); }, "plan");
+  const PagedPlan unblocked = plan_flex(batch, tree.mask_mod(), {});
+  expect_rejected([&] { run_flex(unblocked, batch, tree, {}); }, "plan");
+  PagedOptions split;
+  split.num_splits = 2;
+  expect_rejected([&] { run_flex(plan, batch, tree, split); }, "plan");
+  expect_rejected([&] { plan_flex(batch, shorter, {}); }, "block_mask");
+  // Varlen: a plan of other options.
+  const PagedPlan packed = plan_flex_varlen(batch, tree, split, batch.o, batch.lse);
+  expect_rejected([&] { run_flex_varlen(&packed, batch, tree, {}, batch.o, batch.lse); }, "plan");
+  batch.reset_outputs();
+  run_flex_varlen(&packed, batch, tree, split, batch.o, batch.lse);  // the call it was made for
+  EXPECT_FALSE(all_equal(batch.o, sentinel));
 }
 
 }  // namespace
