@@ -84,6 +84,20 @@ struct Call {
   /// The first gap of gapped_o (8 floats).
   float* first_gap() { return gapped.data() + batch.shape.heads_q * batch.shape.head_dim; }
 
+  /// `pool`'s elements copied into `store` two floats apart: the same pool with its head
+  /// vectors strided (head_dim stride 2), which the kernels read through tiles, not in place.
+  static TensorView<const float> spread(const TensorView<const float>& pool, std::vector<float>& store) {
+    const auto& n = pool.shape;
+    store.assign(static_cast<std::size_t>(2 * n[0] * n[1] * n[2] * n[3]), sentinel);
+    const TensorView<float> out{store.data(), n, {2 * n[1] * n[2] * n[3], 2 * n[2] * n[3], 2 * n[3], 2}};
+    for (index_t a = 0; a < n[0]; ++a)
+      for (index_t b = 0; b < n[1]; ++b)
+        for (index_t c = 0; c < n[2]; ++c)
+          for (index_t d = 0; d < n[3]; ++d) out(a, b, c, d) = pool(a, b, c, d);
+    return out;
+  }
+  std::vector<float> spread_k, spread_v;  // the pools of spread()
+
   std::int32_t& table_at(index_t b, index_t j) { return table_store[static_cast<std::size_t>(b * batch.max_pages + j)]; }
   std::int32_t& seqlen(index_t b) { return seqlens_store[static_cast<std::size_t>(b)]; }
   float* o_buffer() { return batch.o.data(); }
@@ -296,6 +310,9 @@ TEST(PagedValidation, PlanMustMatchTheCall) {
       {"window", [](Call& c) { c.opts.window_left = 5; }},
       {"shorter queries", [](Call& c) { c.q.shape[1] = c.o.shape[1] = c.lse.shape[2] = 2; }},
       {"other SRAM budget", [](Call& c) { c.opts.sram_budget_bytes = 200000; }},
+      // A plan decides which items read K and V in place, which needs unit head_dim strides.
+      {"K's head vectors strided", [](Call& c) { c.k_cache = Call::spread(c.k_cache, c.spread_k); }},
+      {"V's head vectors strided", [](Call& c) { c.v_cache = Call::spread(c.v_cache, c.spread_v); }},
   };
   for (const auto& [what, change] : changes) {
     SCOPED_TRACE(what);

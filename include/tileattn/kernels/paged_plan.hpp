@@ -82,7 +82,8 @@ class PagedPlan {
 namespace tileattn::kernels {
 
 /// Everything a paged plan's work list depends on, but the score source's key tile limit
-/// and prefix-once's mark, which the planner and the check add.
+/// and prefix-once's mark, which the planner and the check add. Unit head_dim strides of K
+/// and V are part of it: the work list reads K and V in place only with them.
 template <class T, class KV>
 PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedOptions& options) {
   PagedPlan::Signature s;
@@ -91,7 +92,7 @@ PagedPlan::Signature paged_signature(const ForwardParams<T, KV>& p, const PagedO
              p.diagonal_offset.value_or(0), p.window_left, p.window_right, p.attention_chunk,
              static_cast<index_t>(effective_sram_budget(options)), options.num_splits, options.batch_invariant,
              static_cast<index_t>(tile_operands_for<T, KV>()), options.shared_prefix,
-             options.shared_prefix_min_keys};
+             options.shared_prefix_min_keys, p.k.stride[dim::head_dim] == 1, p.v.stride[dim::head_dim] == 1};
   for (index_t b = 0; b < p.batch(); ++b) {
     const SequenceRange seq = p.sequence(b);
     s.q_lengths.push_back(static_cast<std::int32_t>(seq.q_len));
@@ -161,7 +162,8 @@ void check_paged_plan(const ForwardParams<T, KV>& p, const PagedPlan& plan, cons
   signature.shape.push_back(key_tile_limit);
   if (shared_prefix) signature.shape.push_back(shared_prefix_mark);
   TILEATTN_REQUIRE(plan.signature() == signature, "plan",
-                   "was made for another batch shape, cache_seqlens, top-k list lengths, mask or options");
+                   "was made for another batch shape, cache_seqlens, top-k list lengths, K/V head strides, mask or "
+                   "options");
 }
 
 }  // namespace tileattn::kernels
