@@ -201,6 +201,39 @@ TopkRows checked_topk_rows(const ForwardParams<T, KV>& p, const StridedView<cons
   return topk_rows(p, topk_indices);
 }
 
+/// A top-k call's checked params and the rows its lists select.
+template <class T, class KV>
+struct TopkCall {
+  ForwardParams<T, KV> params;
+  TopkRows rows;
+};
+
+/// Every check of forward_paged_topk (and of its plan): the options, the paged call's
+/// arguments, topk_indices [batch, seqlen_q, topk].
+template <class T, class KV, class Q, class K, class V, class O>
+TopkCall<T, KV> topk_call(const TensorView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                          BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                          TopkIndicesView topk_indices, const TensorView<O>& o, LseView lse,
+                          const PagedOptions& options) {
+  check_topk_options(options);
+  const auto call = paged_call<T, KV>(q, {}, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  TopkRows rows = checked_topk_rows(call.params, topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
+  return {call.params, std::move(rows)};
+}
+
+/// Every check of forward_paged_topk_varlen (and of its plan): topk_indices [total_q, topk].
+template <class T, class KV, class Q, class K, class V, class O>
+TopkCall<T, KV> topk_varlen_call(const PackedView<Q>& q, const TensorView<K>& k_cache, const TensorView<V>& v_cache,
+                                 BlockTableView block_table, std::span<const std::int32_t> cache_seqlens,
+                                 PackedTopkIndicesView topk_indices, const PackedView<O>& o, PackedLseView lse,
+                                 std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options) {
+  check_topk_options(options);
+  const auto call =
+      paged_varlen_call<T, KV>(q, cu_seqlens_q, k_cache, v_cache, block_table, cache_seqlens, o, lse, options);
+  TopkRows rows = checked_topk_rows(call.params, topk_indices.with_leading(), 1, q.shape[0]);
+  return {call.params, std::move(rows)};
+}
+
 }  // namespace detail
 
 /// forward_paged(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, options) with
@@ -213,13 +246,10 @@ void forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k_cache, co
                         TopkIndicesView topk_indices, const TensorView<O>& o, LseView lse,
                         const PagedOptions& options = {}) {
   if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
-    detail::check_topk_options(options);
-    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table,
-                                                                    cache_seqlens, o, lse, options);
-    const detail::TopkRows rows =
-        detail::checked_topk_rows(call.params, topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
-    const PagedPlan plan = detail::topk_plan(call.params, rows, options);
-    detail::run_topk_rows(call.params, rows, plan, options, detail::PlanOrigin::this_call);
+    const auto [params, rows] = detail::topk_call<O, std::remove_const_t<K>>(
+        q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, lse, options);
+    detail::run_topk_rows(params, rows, detail::topk_plan(params, rows, options), options,
+                          detail::PlanOrigin::this_call);
   }
 }
 
@@ -242,12 +272,9 @@ PagedPlan plan_forward_paged_topk(const TensorView<Q>& q, const TensorView<K>& k
                                   TopkIndicesView topk_indices, const TensorView<O>& o, LseView lse,
                                   const PagedOptions& options = {}) {
   detail::check_topk_element_types<Q, K, V, O>();
-  detail::check_topk_options(options);
-  const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table, cache_seqlens,
-                                                                  o, lse, options);
-  const detail::TopkRows rows =
-      detail::checked_topk_rows(call.params, topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
-  return detail::topk_plan(call.params, rows, options);
+  const auto [params, rows] = detail::topk_call<O, std::remove_const_t<K>>(
+      q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, lse, options);
+  return detail::topk_plan(params, rows, options);
 }
 
 /// forward_paged_topk with a plan from plan_forward_paged_topk (checked against the call).
@@ -257,12 +284,9 @@ void forward_paged_topk(const PagedPlan& plan, const TensorView<Q>& q, const Ten
                         std::span<const std::int32_t> cache_seqlens, TopkIndicesView topk_indices,
                         const TensorView<O>& o, LseView lse, const PagedOptions& options = {}) {
   if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
-    detail::check_topk_options(options);
-    const auto call = detail::paged_call<O, std::remove_const_t<K>>(q, {}, k_cache, v_cache, block_table,
-                                                                    cache_seqlens, o, lse, options);
-    const detail::TopkRows rows =
-        detail::checked_topk_rows(call.params, topk_indices, q.shape[dim::batch], q.shape[dim::seqlen]);
-    detail::run_topk_rows(call.params, rows, plan, options, detail::PlanOrigin::caller);
+    const auto [params, rows] = detail::topk_call<O, std::remove_const_t<K>>(
+        q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, lse, options);
+    detail::run_topk_rows(params, rows, plan, options, detail::PlanOrigin::caller);
   }
 }
 
@@ -275,12 +299,9 @@ void forward_paged_topk_varlen(const PackedView<Q>& q, const TensorView<K>& k_ca
                                PackedTopkIndicesView topk_indices, const PackedView<O>& o, PackedLseView lse,
                                std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
   if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
-    detail::check_topk_options(options);
-    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
-                                                                           block_table, cache_seqlens, o, lse, options);
-    const detail::TopkRows rows = detail::checked_topk_rows(call.params, topk_indices.with_leading(), 1, q.shape[0]);
-    const PagedPlan plan = detail::topk_plan(call.params, rows, options);
-    detail::run_topk(call.params, rows, plan, options, detail::PlanOrigin::this_call);
+    const auto [params, rows] = detail::topk_varlen_call<O, std::remove_const_t<K>>(
+        q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, lse, cu_seqlens_q, options);
+    detail::run_topk(params, rows, detail::topk_plan(params, rows, options), options, detail::PlanOrigin::this_call);
   }
 }
 
@@ -289,15 +310,12 @@ template <class Q, class K, class V, class O>
 PagedPlan plan_forward_paged_topk_varlen(const PackedView<Q>& q, const TensorView<K>& k_cache,
                                          const TensorView<V>& v_cache, BlockTableView block_table,
                                          std::span<const std::int32_t> cache_seqlens,
-                                         PackedTopkIndicesView topk_indices, const PackedView<O>& o,
-                                         PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
-                                         const PagedOptions& options = {}) {
+                                         PackedTopkIndicesView topk_indices, const PackedView<O>& o, PackedLseView lse,
+                                         std::span<const std::int32_t> cu_seqlens_q, const PagedOptions& options = {}) {
   detail::check_topk_element_types<Q, K, V, O>();
-  detail::check_topk_options(options);
-  const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
-                                                                         block_table, cache_seqlens, o, lse, options);
-  const detail::TopkRows rows = detail::checked_topk_rows(call.params, topk_indices.with_leading(), 1, q.shape[0]);
-  return detail::topk_plan(call.params, rows, options);
+  const auto [params, rows] = detail::topk_varlen_call<O, std::remove_const_t<K>>(
+      q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, lse, cu_seqlens_q, options);
+  return detail::topk_plan(params, rows, options);
 }
 
 /// forward_paged_topk_varlen with a plan from plan_forward_paged_topk_varlen (checked against
@@ -309,11 +327,9 @@ void forward_paged_topk_varlen(const PagedPlan& plan, const PackedView<Q>& q, co
                                const PackedView<O>& o, PackedLseView lse, std::span<const std::int32_t> cu_seqlens_q,
                                const PagedOptions& options = {}) {
   if constexpr (detail::check_topk_element_types<Q, K, V, O>()) {
-    detail::check_topk_options(options);
-    const auto call = detail::paged_varlen_call<O, std::remove_const_t<K>>(q, cu_seqlens_q, k_cache, v_cache,
-                                                                           block_table, cache_seqlens, o, lse, options);
-    const detail::TopkRows rows = detail::checked_topk_rows(call.params, topk_indices.with_leading(), 1, q.shape[0]);
-    detail::run_topk(call.params, rows, plan, options, detail::PlanOrigin::caller);
+    const auto [params, rows] = detail::topk_varlen_call<O, std::remove_const_t<K>>(
+        q, k_cache, v_cache, block_table, cache_seqlens, topk_indices, o, lse, cu_seqlens_q, options);
+    detail::run_topk(params, rows, plan, options, detail::PlanOrigin::caller);
   }
 }
 
