@@ -5,9 +5,9 @@
 // GQA group of 4 query rows, a 128-key tile and head_dim 128, per storage type, with the rows
 // of one head adjacent (stride 128: a head-major page) and 1024 elements apart (a
 // token-major page of 8 K/V heads). ns per key, median of 5; compare with decode_timer's
-// time per key and head to see what memory adds. Where the CPU has AVX-512 BF16 it also times
-// prototypes of the bf16 products on vdpbf16ps (Q and P as bf16 pairs), the library's next
-// step (docs/paged.md).
+// time per key and head to see what memory adds. Where the set multiplies bf16 pairs in place
+// (arch::native::in_place_pairs: Zen 5) it also times those products (Q and P as bf16 pairs,
+// arch/avx512/pairs_in_place.hpp), which a bf16 decode step runs there instead.
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/decode_breakdown.cpp -o /tmp/db
 //   taskset -c 2 /tmp/db
 #include <algorithm>
@@ -39,55 +39,6 @@ double ns_per_key(index_t keys, F&& f) {
   return runs[2];
 }
 
-#if defined(__AVX512BF16__)
-// Prototypes, not the library's kernels: what the bf16 products would cost on vdpbf16ps, to
-// size issue 30's item 1 before building it. Same shapes: 4 query rows, keys read in place.
-
-/// S (4 x n) = Q K^T with Q as bf16 pairs along head_dim (4 rows of d / 2 pairs) and K's
-/// rows bf16 in place: 4 x 4 blocks of 16-lane accumulators, each lane summing pairs p = l
-/// mod 16, reduced as gemm_nt_rows reduces them.
-void qk_pairs(index_t n, index_t d, const std::uint32_t* q_pairs, const bf16* const* k_rows, float* s, index_t lds) {
-  for (index_t j0 = 0; j0 < n; j0 += 4) {
-    __m512 acc[16];
-    for (auto& a : acc) a = _mm512_setzero_ps();
-    for (index_t p = 0; p < d / 2; p += 16) {
-      __m512i qv[4];
-      for (int r = 0; r < 4; ++r) qv[r] = _mm512_loadu_si512(q_pairs + r * (d / 2) + p);
-      for (int j = 0; j < 4; ++j) {
-        const __m512i kv = _mm512_loadu_si512(k_rows[j0 + j] + 2 * p);
-        for (int r = 0; r < 4; ++r) acc[r * 4 + j] = _mm512_dpbf16_ps(acc[r * 4 + j], (__m512bh)qv[r], (__m512bh)kv);
-      }
-    }
-    const __m512 sums = tileattn::arch::avx512::detail::sum_lanes_16(acc);
-    for (int r = 0; r < 4; ++r)
-      _mm512_mask_storeu_ps(s + r * lds + j0 - r * 4, static_cast<__mmask16>(0xF << (r * 4)), sums);
-  }
-}
-
-/// O (4 x d) += P V with P as bf16 pairs of keys (4 rows of n / 2 pairs) and V's rows bf16
-/// in place, two rows interleaved into pairs in registers (vpunpck{l,h}wd: the columns come
-/// out permuted within 128-bit lanes, undone once per tile, not counted here), 64 columns
-/// at a time (16 accumulators).
-void pv_pairs(index_t n, index_t d, const std::uint32_t* p_pairs, const bf16* const* v_rows, float* o) {
-  for (index_t c0 = 0; c0 < d; c0 += 64) {
-    __m512 acc[4][4];
-    for (int r = 0; r < 4; ++r)
-      for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_loadu_ps(o + r * d + c0 + 16 * v);
-    for (index_t k = 0; k < n; k += 2) {
-      const __m512i a0 = _mm512_loadu_si512(v_rows[k] + c0), a1 = _mm512_loadu_si512(v_rows[k] + c0 + 32);
-      const __m512i b0 = _mm512_loadu_si512(v_rows[k + 1] + c0), b1 = _mm512_loadu_si512(v_rows[k + 1] + c0 + 32);
-      const __m512i pairs[4] = {_mm512_unpacklo_epi16(a0, b0), _mm512_unpackhi_epi16(a0, b0),
-                                _mm512_unpacklo_epi16(a1, b1), _mm512_unpackhi_epi16(a1, b1)};
-      for (int r = 0; r < 4; ++r) {
-        const __m512i pr = _mm512_set1_epi32(static_cast<int>(p_pairs[r * (n / 2) + k / 2]));
-        for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)pr, (__m512bh)pairs[v]);
-      }
-    }
-    for (int r = 0; r < 4; ++r)
-      for (int v = 0; v < 4; ++v) _mm512_storeu_ps(o + r * d + c0 + 16 * v, acc[r][v]);
-  }
-}
-#endif
 
 template <class E>
 void run(const char* name, index_t row_stride) {
@@ -126,16 +77,20 @@ void run(const char* name, index_t row_stride) {
               "touch %5.2f  sum %6.2f%s\n",
               name, static_cast<long>(row_stride), qk, max, exp, pv, touch, qk + max + exp + pv + touch,
               sink == 12345.0f ? " " : "");
-#if defined(__AVX512BF16__)
   if constexpr (std::is_same_v<E, bf16>) {
-    std::vector<std::uint32_t> q_pairs(g * d / 2), p_pairs(g * bc / 2);
-    for (auto& x : q_pairs) x = static_cast<std::uint32_t>(rng()) & 0x3F803F80u;  // pairs of +-1-ish bf16
-    for (auto& x : p_pairs) x = static_cast<std::uint32_t>(rng()) & 0x3F003F00u;
-    const double qk_p = ns_per_key(bc, [&] { qk_pairs(bc, d, q_pairs.data(), k_rows.data(), s.data(), bc); });
-    const double pv_p = ns_per_key(bc, [&] { pv_pairs(bc, d, p_pairs.data(), v_rows.data(), o.data()); });
-    std::printf("      prototype on vdpbf16ps (bf16 pairs): QK %6.2f  PV %6.2f ns/key\n", qk_p, pv_p);
+    if (arch::set_detail::value(arch::native::in_place_pairs)) {  // the products a bf16 decode step runs here
+      std::vector<bf16x2> q_pairs(g * d / 2), p_pairs(g * bc / 2);
+      for (auto& x : q_pairs) x = {bf16(normal(rng)), bf16(normal(rng))};
+      for (auto& x : p_pairs) x = {bf16(0.5f * normal(rng)), bf16(0.5f * normal(rng))};
+      const double qk_p = ns_per_key(bc, [&] {
+        arch::native::gemm_nt_rows_pairs(g, bc, d, q_pairs.data(), d / 2, k_rows.data(), s.data(), bc);
+      });
+      const double pv_p = ns_per_key(bc, [&] {
+        arch::native::gemm_rows_pairs(g, d, bc, p_pairs.data(), bc / 2, v_rows.data(), o.data(), d);
+      });
+      std::printf("      on bf16 pairs (in_place_pairs: vdpbf16ps): QK %6.2f  PV %6.2f ns/key\n", qk_p, pv_p);
+    }
   }
-#endif
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 // decode path of kernels/forward.hpp) on the arch this TU is built for, against generic
 // (bitwise: they sum in the same order) and a double-precision reference: Q K^T by dot
 // products over scattered key rows (gemm_nt_rows) and P V over scattered value rows
-// (gemm_rows), for float, bf16 and fp16 rows, over awkward shapes; all_finite over 16-bit
-// rows; touch_rows on rows that end at the end of their allocation.
+// (gemm_rows), for float, bf16 and fp16 rows, over awkward shapes; the same products with Q
+// and P as bf16 pairs over bf16 rows (gemm_nt_rows_pairs, gemm_rows_pairs: vdpbf16ps where
+// in_place_pairs); all_finite over 16-bit rows; touch_rows on rows that end at the end of
+// their allocation.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -111,6 +113,93 @@ TYPED_TEST(InPlaceKernels, ValuesMatchGenericBitwiseAndDouble) {
               mag += std::abs(term);
             }
             ASSERT_NEAR(c[at], ref, 1e-6 * (mag + 1));
+          }
+      }
+}
+
+/// m rows of k bf16 values as pairs (lda pairs apart; an odd k's last pair has a zero high
+/// half, as the tiles hold them), with their values as floats.
+struct PairRows {
+  std::vector<bf16x2> pairs;
+  std::vector<float> values;
+  index_t lda;
+  PairRows(index_t m, index_t k, std::mt19937& rng) : lda((k + 1) / 2 + 3) {
+    std::normal_distribution<float> normal;
+    pairs.assign(static_cast<std::size_t>(m * lda), bf16x2{from_float<bf16>(NAN), from_float<bf16>(NAN)});
+    values.resize(static_cast<std::size_t>(m * k));
+    for (index_t i = 0; i < m; ++i)
+      for (index_t p = 0; p < (k + 1) / 2; ++p) {
+        const bf16 lo = from_float<bf16>(normal(rng)), hi = 2 * p + 1 < k ? from_float<bf16>(normal(rng)) : bf16{};
+        pairs[static_cast<std::size_t>(i * lda + p)] = {lo, hi};
+        values[static_cast<std::size_t>(i * k + 2 * p)] = to_float(lo);
+        if (2 * p + 1 < k) values[static_cast<std::size_t>(i * k + 2 * p + 1)] = to_float(hi);
+      }
+  }
+};
+
+TEST(InPlacePairKernels, ScoresMatchGenericBitwiseAndDouble) {
+  // Q as bf16 pairs (a NaN past each row's last pair: never read) against scattered bf16
+  // key rows; vdpbf16ps equals generic's steps bit for bit on normal values.
+  std::mt19937 rng(13);
+  for (index_t m : {1, 2, 3, 4, 5, 8, 16})
+    for (index_t n : {1, 7, 8, 9, 17, 128})
+      for (index_t k : {1, 15, 31, 32, 33, 64, 80, 128, 130, 576}) {
+        ScatteredRows<bf16> keys(n, k, rng);
+        const PairRows q(m, k, rng);
+        std::vector<float> c(static_cast<std::size_t>(m * (n + 2)), -7.0f), want(c);
+        native::gemm_nt_rows_pairs(m, n, k, q.pairs.data(), q.lda, keys.rows.data(), c.data(), n + 2);
+        generic::gemm_nt_rows_pairs(m, n, k, q.pairs.data(), q.lda, keys.rows.data(), want.data(), n + 2);
+        for (index_t i = 0; i < m; ++i)
+          for (index_t j = 0; j < n + 2; ++j) {
+            const auto at = static_cast<std::size_t>(i * (n + 2) + j);
+            if (j >= n) {
+              ASSERT_EQ(c[at], -7.0f) << "wrote past column n";
+              continue;
+            }
+            ASSERT_EQ(std::memcmp(&c[at], &want[at], sizeof(float)), 0) << native_name() << " m " << m << " n " << n << " k " << k;
+            double ref = 0, mag = 0;
+            for (index_t p = 0; p < k; ++p) {
+              const double term = static_cast<double>(q.values[static_cast<std::size_t>(i * k + p)]) *
+                                  static_cast<double>(to_float(keys.rows[static_cast<std::size_t>(j)][p]));
+              ref += term;
+              mag += std::abs(term);
+            }
+            ASSERT_NEAR(c[at], ref, 1e-6 * (mag + 1)) << "m " << m << " n " << n << " k " << k;
+          }
+      }
+}
+
+TEST(InPlacePairKernels, ValuesMatchGenericBitwiseAndDouble) {
+  // P as bf16 pairs of keys against scattered bf16 value rows (an odd count's last row paired
+  // with zeros), accumulated onto C; nothing written past column n.
+  std::mt19937 rng(15);
+  std::normal_distribution<float> normal;
+  for (index_t m : {1, 2, 3, 4, 7, 8, 9, 16})
+    for (index_t n : {1, 16, 17, 31, 33, 40, 64, 80, 128, 129, 512})
+      for (index_t k : {1, 2, 8, 13, 127, 128}) {
+        ScatteredRows<bf16> values(k, n, rng);
+        const PairRows p(m, k, rng);
+        std::vector<float> c(static_cast<std::size_t>(m * (n + 3)));
+        for (auto& x : c) x = normal(rng);
+        std::vector<float> want(c), start(c);
+        native::gemm_rows_pairs(m, n, k, p.pairs.data(), p.lda, values.rows.data(), c.data(), n + 3);
+        generic::gemm_rows_pairs(m, n, k, p.pairs.data(), p.lda, values.rows.data(), want.data(), n + 3);
+        for (index_t i = 0; i < m; ++i)
+          for (index_t j = 0; j < n + 3; ++j) {
+            const auto at = static_cast<std::size_t>(i * (n + 3) + j);
+            if (j >= n) {
+              ASSERT_EQ(c[at], start[at]) << "wrote past column n";
+              continue;
+            }
+            ASSERT_EQ(std::memcmp(&c[at], &want[at], sizeof(float)), 0) << native_name() << " j " << j << " m " << m << " n " << n << " k " << k;
+            double ref = start[at], mag = std::abs(start[at]);
+            for (index_t r = 0; r < k; ++r) {
+              const double term = static_cast<double>(p.values[static_cast<std::size_t>(i * k + r)]) *
+                                  static_cast<double>(to_float(values.rows[static_cast<std::size_t>(r)][j]));
+              ref += term;
+              mag += std::abs(term);
+            }
+            ASSERT_NEAR(c[at], ref, 1e-6 * (mag + 1)) << "m " << m << " n " << n << " k " << k;
           }
       }
 }

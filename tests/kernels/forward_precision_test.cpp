@@ -112,6 +112,11 @@ std::vector<Case> cases_of(Group g) {
       add(fixed("64x127_d256", 1, 64, 127, 1, 1, 256, 256, 17), none);
       add(fixed("300x17_d1_dv17_mqa4", 1, 300, 17, 4, 1, 1, 17, 18), none);
       add(fixed("1x300_d256_dv128_b2_mqa2", 2, 1, 300, 2, 1, 256, 128, 19), none);
+      // Decode and short verify steps (K and V read in place; bf16 on pairs where the set
+      // multiplies them so): odd key counts leave an odd last key tile.
+      add(fixed("decode_1x127_d128_gqa4over2_b2", 2, 1, 127, 8, 2, 128, 128, 101), none);
+      add(fixed("decode_1x1001_d80_dv64_gqa16", 1, 1, 1001, 16, 1, 80, 64, 102), none);
+      add(fixed("verify_3x17_d64_gqa4", 1, 3, 17, 4, 1, 64, 64, 103), none);
       break;
     case Group::masks:
       add(fixed("causal_br_127x300_gqa4over2", 1, 127, 300, 4, 2, 64, 64, 21),

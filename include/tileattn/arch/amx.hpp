@@ -468,6 +468,12 @@ inline bool tiles_in_use() {
 #endif
 }
 
+/// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp): on
+/// vdpbf16ps where the tiles are not in use (Zen 5 runs it at the FMA's rate); where they
+/// are, the rows are converted to float (the Xeon runs vdpbf16ps at under half its FMA
+/// rate: docs/paged.md), until those products run on the tiles too.
+inline bool in_place_pairs() { return !tiles_in_use(); }
+
 /// avx512::gemm's contract. Float operands: avx512's gemm. bf16 pairs: AMX tiles where the
 /// process may use them, else vdpbf16ps (avx512's gemm).
 template <bool Accumulate, bool TransA = false, class E>

@@ -360,6 +360,9 @@ using generic::gemm_nt_rows;
 using generic::gemm_rows;
 #endif
 using generic::touch_rows;
+using generic::in_place_pairs;  // (false: the pair products below are never called)
+using generic::gemm_nt_rows_pairs;
+using generic::gemm_rows_pairs;
 using generic::interleave_pairs;
 using generic::interleave_rounded;
 using generic::round_to_pairs;

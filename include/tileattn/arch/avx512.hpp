@@ -10,7 +10,8 @@
 // subject into arch/avx512/: intrinsics.hpp (GCC 12's workarounds, lane masks), gemm.hpp
 // (the tile gemm over arch/register_gemm.hpp, prepared pairs), softmax_rows.hpp,
 // conversions.hpp (storage types to float and back, 4-bit blocks), pair_layout.hpp
-// (transpose, bf16 pairs) and rows_in_place.hpp (the decode path's products).
+// (transpose, bf16 pairs), rows_in_place.hpp (the decode path's products over rows converted
+// to float) and pairs_in_place.hpp (the same on bf16 pairs, vdpbf16ps).
 #pragma once
 
 #include "tileattn/arch/isa.hpp"

@@ -140,6 +140,45 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
   }
 }
 
+/// Whether the in-place products of a decode step multiply bf16 pairs (gemm_nt_rows_pairs,
+/// gemm_rows_pairs) where Q and K/V are bf16: a set's choice, like bf16_dot_product, but
+/// only where its pairs are fast without a packed layout (vdpbf16ps at the FMA's rate).
+inline constexpr bool in_place_pairs = false;
+
+/// C (M x N) = A B^T with A's rows bf16 pairs (lda pairs apart; K elements, the last pair's
+/// high half zero when K is odd) and B given by its N bf16 rows b_rows[j] (K elements each,
+/// anywhere in memory): Q K^T on pairs with the keys read in place. Pair p of a dot product
+/// goes to lane p mod 16 in steps of detail::step (as vdpbf16ps sums it), then the lanes sum
+/// as dot_lanes_sum.
+inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                               const bf16* const* b_rows, float* c, index_t ldc) {
+  const bf16 zero{};
+  for (index_t i = 0; i < m; ++i)
+    for (index_t j = 0; j < n; ++j) {
+      float lanes[16] = {};
+      for (index_t p = 0; 2 * p < k; ++p) {
+        const bf16x2 b{b_rows[j][2 * p], 2 * p + 1 < k ? b_rows[j][2 * p + 1] : zero};
+        lanes[p % 16] = detail::step(a[i * lda + p], b, lanes[p % 16]);
+      }
+      c[i * ldc + j] = dot_lanes_sum(lanes);
+    }
+}
+
+/// C (M x N) += A B with A's rows bf16 pairs of K (lda pairs apart; the last pair's high
+/// half zero when K is odd) and B's row p at b_rows[p] (N bf16 values, anywhere in memory):
+/// P V on pairs with the values read in place, rows 2q and 2q + 1 paired (a zero row past
+/// the last), summed over the pairs in order.
+inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                            const bf16* const* b_rows, float* c, index_t ldc) {
+  const bf16 zero{};
+  for (index_t i = 0; i < m; ++i)
+    for (index_t q = 0; 2 * q < k; ++q)
+      for (index_t j = 0; j < n; ++j) {
+        const bf16x2 b{b_rows[2 * q][j], 2 * q + 1 < k ? b_rows[2 * q + 1][j] : zero};
+        c[i * ldc + j] = detail::step(a[i * lda + q], b, c[i * ldc + j]);
+      }
+}
+
 /// max(x[0..n)), -inf for n == 0.
 inline float row_max(const float* x, index_t n) {
   float m = -std::numeric_limits<float>::infinity();

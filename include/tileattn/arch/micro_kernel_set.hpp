@@ -49,7 +49,7 @@ concept MicroKernelSet =
     reads_rows_in_place<S, fp8_e4m3> && reads_rows_in_place<S, fp8_e5m2> && reads_rows_in_place<S, std::int8_t> &&
     requires(index_t n, float x, const float* cf, float* f, const bf16x2* cp, bf16x2* p, const bf16* cb, bf16* b,
              const fp16* ch, fp16* h, const fp8_e4m3* ce4, const fp8_e5m2* ce5, const std::int8_t* ci8,
-             const void* const* rows) {
+             const void* const* rows, const bf16* const* brows) {
   { S::name() } -> std::convertible_to<const char*>;
   { S::bf16_dot_product() } -> std::convertible_to<bool>;
   // Tile products: float and bf16 pair operands, C = or += A B, A given or transposed.
@@ -59,8 +59,12 @@ concept MicroKernelSet =
   S::template gemm<false>(n, n, n, cp, n, cp, n, f, n);
   S::template gemm<true>(n, n, n, cp, n, cp, n, f, n);
   S::template gemm<true, true>(n, n, n, cp, n, cp, n, f, n);
-  // Rows read in place: reads_rows_in_place above, and their prefetch.
+  // Rows read in place: reads_rows_in_place above, their prefetch, and the products of bf16
+  // pairs with bf16 rows (where in_place_pairs says the set uses them).
   S::touch_rows(rows, n, n);
+  { S::in_place_pairs() } -> std::convertible_to<bool>;
+  S::gemm_nt_rows_pairs(n, n, n, cp, n, brows, f, n);
+  S::gemm_rows_pairs(n, n, n, cp, n, brows, f, n);
   // The softmax's row operations.
   { S::row_max(cf, n) } -> std::same_as<float>;
   S::exp2_shift_sum_rows(f, n, n, n, cf, cf, f);
@@ -106,6 +110,7 @@ concept MicroKernelSet =
   struct Name {                                                                                   \
     static const char* name() { return ::tileattn::arch::set_detail::value(ns::name); }           \
     static bool bf16_dot_product() { return ::tileattn::arch::set_detail::value(ns::bf16_dot_product); } \
+    static bool in_place_pairs() { return ::tileattn::arch::set_detail::value(ns::in_place_pairs); }     \
     template <bool Accumulate, bool TransA = false, class... A>                                    \
     static auto gemm(A... a)->decltype(ns::gemm<Accumulate, TransA>(a...)) {                       \
       return ns::gemm<Accumulate, TransA>(a...);                                                  \
@@ -113,6 +118,8 @@ concept MicroKernelSet =
     TILEATTN_SET_FORWARD(ns, gemm_nt_rows)                                                        \
     TILEATTN_SET_FORWARD(ns, gemm_rows)                                                           \
     TILEATTN_SET_FORWARD(ns, touch_rows)                                                          \
+    TILEATTN_SET_FORWARD(ns, gemm_nt_rows_pairs)                                                  \
+    TILEATTN_SET_FORWARD(ns, gemm_rows_pairs)                                                     \
     TILEATTN_SET_FORWARD(ns, row_max)                                                             \
     TILEATTN_SET_FORWARD(ns, exp2_shift_sum_rows)                                                 \
     TILEATTN_SET_FORWARD(ns, exp2_shift_sum)                                                      \

@@ -122,6 +122,18 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
                index_t ldc) {
   TILEATTN_DISPATCH_BF16_FREE(gemm_rows(m, n, k, a, lda, b_rows, c, ldc));
 }
+/// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp).
+inline bool in_place_pairs() {
+  return dispatched_isa() == Isa::avx512_bf16 && set_detail::value(with_bf16::in_place_pairs);
+}
+inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                               const bf16* const* b_rows, float* c, index_t ldc) {
+  TILEATTN_DISPATCH(gemm_nt_rows_pairs(m, n, k, a, lda, b_rows, c, ldc));
+}
+inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                            const bf16* const* b_rows, float* c, index_t ldc) {
+  TILEATTN_DISPATCH(gemm_rows_pairs(m, n, k, a, lda, b_rows, c, ldc));
+}
 inline void touch_rows(const void* const* rows, index_t n, index_t bytes) {
   TILEATTN_DISPATCH_BF16_FREE(touch_rows(rows, n, bytes));
 }

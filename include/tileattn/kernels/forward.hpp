@@ -54,8 +54,8 @@ namespace detail {
 /// S = Q K^T from a K^T tile (prepared or not) or from key rows read in place.
 template <class Op, class KeyOperand>
 void scores(Tile<float>& s, const Tile<Op>& q, const KeyOperand& k_t) { ops::matmul(s, q, k_t); }
-template <class E>
-void scores(Tile<float>& s, const Tile<float>& q, const RowRefs<E>& k) { ops::matmul_transposed(s, q, k); }
+template <class Op, class E>
+void scores(Tile<float>& s, const Tile<Op>& q, const RowRefs<E>& k) { ops::matmul_transposed(s, q, k); }
 
 /// Calls f(first, piece) for the pieces of the packed rows [r0, r0 + n) that lie in one query
 /// head each (first: the piece's first row, counted from r0): the score modifiers index
@@ -360,18 +360,23 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
 /// The SRAM an in-place item of `work` carves (in_place_item_bytes for its K/V heads per item).
 template <class T, class KV>
 std::size_t in_place_bytes_of(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work) {
-  return in_place_item_bytes<KV>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
+  return with_in_place_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
+    return in_place_item_bytes<KV, Op>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
+  });
 }
 
 /// One work item on the calling worker, from the worker's scratch: K and V read in place
-/// (InPlaceLoader) where the work list decided so (QueryBlock::in_place), else packed into
+/// (InPlaceLoader, its Q and P float or bf16 pairs: with_in_place_operand) where the work
+/// list decided so (QueryBlock::in_place), else packed into
 /// SRAM tiles of the operand type the micro-kernels multiply (PackedLoader).
 template <class Kv, class T, class KV, class Scores, class Io>
 void run_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, std::size_t in_place_bytes,
               const Scores& scores, Io& counter) {
   if (blk.in_place) {
-    InPlaceLoader<Kv, T, KV> loader(p, plan, blk, worker_scratch(in_place_bytes));
-    forward_item(p, plan, blk, loader, scores, counter);
+    with_in_place_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
+      InPlaceLoader<Kv, T, KV, Op> loader(p, plan, blk, worker_scratch(in_place_bytes));
+      forward_item(p, plan, blk, loader, scores, counter);
+    });
   } else {
     with_tile_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
       auto tiles = ForwardTiles<Op>::carve(worker_scratch(plan.working_set_bytes), plan.packed_rows(),

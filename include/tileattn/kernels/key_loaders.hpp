@@ -50,18 +50,23 @@
 
 namespace tileattn::kernels {
 
-/// What a work item that reads K and V in place keeps in SRAM: float Q, S, O and the row
-/// statistics as ForwardTiles, and instead of K^T and V tiles the addresses of the key and
-/// value rows of the key tile (storage type T, converted in registers by the products).
-/// 4-bit blocks are staged: a key tile's K and V rows are dequantized into float rows
-/// (k_values, v_values: a straight row conversion, no transpose), which the float products
-/// then read in place.
-template <class T>
+/// What a work item that reads K and V in place keeps in SRAM: Q (float, or bf16 pairs:
+/// Op), float S and O, the row statistics as ForwardTiles, P as bf16 pairs where Op is, and
+/// instead of K^T and V tiles the addresses of the key and value rows of the key tile
+/// (storage type T, converted in registers by the float products, read as they are by the
+/// pair products: with_in_place_operand says which). 4-bit blocks are staged: a key tile's
+/// K and V rows are dequantized into float rows (k_values, v_values: a straight row
+/// conversion, no transpose), which the float products then read in place.
+template <class T, class Op = float>
 struct InPlaceTiles {
-  static constexpr bool pairs = false;
+  static constexpr bool pairs = std::is_same_v<Op, bf16x2>;
+  static constexpr bool panels = false;  // (slab_rows_of: an item's rows are one slab)
   static constexpr bool staged = block_quantized_type<T>;
+  static_assert(!pairs || std::is_same_v<T, bf16>, "pairs multiply bf16 rows only");
   using row_type = std::conditional_t<staged, float, T>;
-  Tile<float> q, s, o;
+  Tile<Op> q;
+  Tile<float> s, o;
+  Tile<Op> p;  // pairs only
   ops::RowStats stats;
   TileVector<float> lse;
   RowRefs<row_type> k_rows, v_rows;
@@ -70,8 +75,9 @@ struct InPlaceTiles {
   /// The scratch pieces, in carving order: footprint() counts them and carve() carves them.
   template <class Piece>
   constexpr void pieces(Piece& piece, index_t br, index_t bc, index_t d, index_t dv) {
-    piece(q, br, d);   // (Br, d)
-    piece(s, br, bc);  // (Br, Bc)
+    piece(q, br, operand_cols<Op>(d));  // (Br, d)
+    piece(s, br, bc);                   // (Br, Bc)
+    if constexpr (pairs) piece(p, br, operand_cols<Op>(bc));  // (Br, Bc) in pairs
     piece(o, br, dv);  // (Br, dv)
     stats.pieces(piece, br);
     piece(lse, br);
@@ -92,15 +98,28 @@ struct InPlaceTiles {
   }
 };
 
+/// f(std::type_identity<Op>{}) for the operand type of an in-place item's Q and P: bf16
+/// pairs where Q and K/V are bf16 and the micro-kernel set multiplies pairs with rows in
+/// place (arch::native::in_place_pairs: vdpbf16ps on Zen 5; Q is exact as pairs, and P is
+/// rounded to bf16 as the packed bf16 path rounds it), float otherwise. The choice depends
+/// on the types and the CPU only.
+template <class T, class KV, class F>
+decltype(auto) with_in_place_operand(F&& f) {
+  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>)
+    if (arch::set_detail::value(arch::native::in_place_pairs)) return f(std::type_identity<bf16x2>{});
+  return f(std::type_identity<float>{});
+}
+
 /// The most K/V heads one in-place item takes (QueryBlock::kv_heads).
 inline constexpr index_t max_kv_heads_per_item = 16;
 
 /// The SRAM an in-place item of `heads` K/V heads carves: each head's InPlaceTiles, and
 /// the interleaved row addresses of one key tile of all of them (touch_head_rows).
-template <class KV>
+template <class KV, class Op = float>
 std::size_t in_place_item_bytes(const TilePlan& plan, index_t d, index_t dv, index_t heads) {
+  using Tiles = InPlaceTiles<KV, Op>;
   const index_t bc = plan.key_tile_rows;
-  return static_cast<std::size_t>(heads) * InPlaceTiles<KV>::footprint(InPlaceTiles<KV>::rows(plan), bc, d, dv) +
+  return static_cast<std::size_t>(heads) * Tiles::footprint(Tiles::rows(plan), bc, d, dv) +
          round_up_to_line(static_cast<std::size_t>(heads * bc) * sizeof(const void*));
 }
 
@@ -143,10 +162,10 @@ inline void point_at_rows(RowRefs<float>& refs, const Tile<float>& tile) {
 /// One key tile's K and V rows of an in-place item: their addresses, or, for 4-bit blocks,
 /// their values dequantized into the staging rows and those rows' addresses. v_in_k (MLA's
 /// latent): V's rows are K's, their first dv columns, never read a second time.
-template <class KV, class Src, class Io>
-void load_key_tile_rows(InPlaceTiles<KV>& t, const Src& k, const Src& v, bool v_in_k, index_t dv, index_t col0,
+template <class KV, class Op, class Src, class Io>
+void load_key_tile_rows(InPlaceTiles<KV, Op>& t, const Src& k, const Src& v, bool v_in_k, index_t dv, index_t col0,
                         index_t cols, Io& io) {
-  if constexpr (InPlaceTiles<KV>::staged) {
+  if constexpr (InPlaceTiles<KV, Op>::staged) {
     load_rows(t.k_values, k, col0, cols, io);  // (Bc, d), dequantized
     point_at_rows(t.k_rows, t.k_values);
     if (v_in_k) return value_refs_from_keys(t.v_rows, t.k_rows, dv);
@@ -239,11 +258,12 @@ class PackedLoader {
 /// InPlaceTiles of its query rows; key tile by key tile, the rows of every head that sees it
 /// streamed in together, then each head's products on them. Each head computes exactly what
 /// an item of its own would: the results are the same bits for any kv_heads.
-template <class Kv, class T, class KV>
+template <class Kv, class T, class KV, class Op = float>
 class InPlaceLoader {
  public:
   using Src = source_matrix_t<Kv, T, KV>;
-  using Rows = typename InPlaceTiles<KV>::row_type;
+  using Tiles = InPlaceTiles<KV, Op>;
+  using Rows = typename Tiles::row_type;
 
   InPlaceLoader(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, ScratchArena& arena)
       : p_(p), n_(blk.kv_heads) {
@@ -253,7 +273,7 @@ class InPlaceLoader {
       head_blk_[h].kv_head = blk.kv_head + h;
       head_blk_[h].rows.head0 = blk.rows.head0 + h * p.group_size();
       head_blk_[h].kv_heads = 1;
-      t_[h] = InPlaceTiles<KV>::carve(arena, plan, p.head_dim(), p.head_dim_v());
+      t_[h] = Tiles::carve(arena, plan, p.head_dim(), p.head_dim_v());
       k_[h] = Kv::matrix(p, p.k, head_blk_[h]);
       v_[h] = Kv::matrix(p, p.v, head_blk_[h]);
     }
@@ -286,7 +306,7 @@ class InPlaceLoader {
       k_rows_[a] = t_[h].k_rows;
       v_rows_[a] = t_[h].v_rows;
     }
-    if constexpr (!InPlaceTiles<KV>::staged) {  // (staged rows were just written: in cache)
+    if constexpr (!Tiles::staged) {  // (staged rows were just written: in cache)
       touch_head_rows(k_rows_, active_, order_);  // (a software prefetch of the next tile's rows
       if (!p_.v_in_k) touch_head_rows(v_rows_, active_, order_);  // here gained nothing: docs/paged.md)
     }
@@ -307,7 +327,7 @@ class InPlaceLoader {
   const ForwardParams<T, KV>& p_;
   index_t n_;
   QueryBlock head_blk_[max_kv_heads_per_item];
-  InPlaceTiles<KV> t_[max_kv_heads_per_item];
+  Tiles t_[max_kv_heads_per_item];
   Src k_[max_kv_heads_per_item], v_[max_kv_heads_per_item];
   RowRefs<Rows> k_rows_[max_kv_heads_per_item], v_rows_[max_kv_heads_per_item];
   const void** order_ = nullptr;

@@ -48,6 +48,23 @@ void matmul_accumulate(TileC& c, const TileA& a, const RowRefs<E>& b) {
   arch::native::gemm_rows(a.rows(), b.cols(), a.cols(), a.data(), a.ld(), b.data(), c.data(), c.ld());
 }
 
+/// c = a * b^T with a's rows bf16 pairs of b.cols() elements and b's bf16 rows read in place
+/// (a decode step's S = Q K^T on pairs, where arch::native::in_place_pairs()).
+template <class TileC>
+void matmul_transposed(TileC& c, const Tile<bf16x2>& a, const RowRefs<bf16>& b) {
+  assert(a.cols() == (b.cols() + 1) / 2);
+  c.set_extent(a.rows(), b.rows());
+  arch::native::gemm_nt_rows_pairs(a.rows(), b.rows(), b.cols(), a.data(), a.ld(), b.data(), c.data(), c.ld());
+}
+
+/// c += a * b with a's rows bf16 pairs of b.rows() keys and b's bf16 rows read in place (a
+/// decode step's O += P V on pairs).
+template <class TileC>
+void matmul_accumulate(TileC& c, const Tile<bf16x2>& a, const RowRefs<bf16>& b) {
+  assert(a.cols() == (b.rows() + 1) / 2 && c.rows() == a.rows() && c.cols() == b.cols());
+  arch::native::gemm_rows_pairs(a.rows(), b.cols(), b.rows(), a.data(), a.ld(), b.data(), c.data(), c.ld());
+}
+
 /// c += a^T * b with a given as it is stored (k x m): the transposed product reads a's
 /// columns, so P^T dO and dS^T Q need no transposed copy of P or dS.
 template <class TileC, class TileA, class TileB>
