@@ -12,6 +12,11 @@
 //            and vLLM's flash layout: one head's rows of a page are heads_kv * d apart.
 //            head: [pages, heads_kv, page_size, d] in memory (vLLM's paged-attention layout),
 //            the same view shape with other strides: one head's page is one contiguous run.
+//            pool: [heads_kv, pages, page_size, d] in memory, one pool per K/V head: a head's
+//            page is one contiguous run, and so are consecutive pages.
+//   PAGE     tokens per page (default 16).
+//   ORDER    shuffled (default: the block tables list the pages in random order) or
+//            ascending (each sequence's pages consecutive in the pool).
 //   HUGE     1: the pools advised onto transparent huge pages (madvise) before first touch.
 #include <algorithm>
 #include <chrono>
@@ -88,9 +93,13 @@ template <class T>
 int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads, int repeats) {
   constexpr bool eight_bit = sizeof(T) == 1;
   using Q = std::conditional_t<eight_bit, float, T>;  // 8-bit caches: float queries
-  constexpr index_t page = 16;
+  const char* page_env = std::getenv("PAGE");
+  const index_t page = page_env != nullptr ? std::max<index_t>(1, std::atol(page_env)) : 16;
   const char* layout_env = std::getenv("LAYOUT");
-  const bool head_major = layout_env != nullptr && std::string(layout_env) == "head";
+  const std::string layout = layout_env != nullptr ? layout_env : "token";
+  const bool head_major = layout == "head", head_pools = layout == "pool";
+  const char* order_env = std::getenv("ORDER");
+  const bool ascending = order_env != nullptr && std::string(order_env) == "ascending";
   const char* flush_env = std::getenv("FLUSH_MB");
   const std::size_t flush_mib = flush_env != nullptr ? static_cast<std::size_t>(std::atol(flush_env)) : 1024;
   const index_t max_pages = (ctx + page - 1) / page, pages = b * max_pages;
@@ -109,7 +118,7 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
     for (float& x : *s) x = 0.02f + 0.01f * static_cast<float>(rng() % 100) / 100.0f;
   std::vector<std::int32_t> table(static_cast<std::size_t>(pages)), lens(static_cast<std::size_t>(b), static_cast<std::int32_t>(ctx));
   std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), rng);
+  if (!ascending) std::shuffle(table.begin(), table.end(), rng);
   tileattn::PagedOptions opt;
   opt.execution = {tileattn::Backend::openmp, threads};
   if constexpr (std::is_same_v<T, std::int8_t>) {
@@ -122,8 +131,9 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
   // The pool view is [pages, page_size, heads_kv, d] either way; head-major memory only
   // changes its strides.
   const std::array<index_t, 4> shape{pages, page, hkv, d};
-  const std::array<index_t, 4> strides = head_major ? std::array<index_t, 4>{page * hkv * d, d, page * d, 1}
-                                                    : std::array<index_t, 4>{page * hkv * d, hkv * d, d, 1};
+  const std::array<index_t, 4> strides = head_major   ? std::array<index_t, 4>{page * hkv * d, d, page * d, 1}
+                                         : head_pools ? std::array<index_t, 4>{page * d, d, pages * page * d, 1}
+                                                      : std::array<index_t, 4>{page * hkv * d, hkv * d, d, 1};
   const tileattn::TensorView<const T> kv_k{k.data(), shape, strides}, kv_v{v.data(), shape, strides};
   const auto step = [&] {
     tileattn::forward_paged(tileattn::make_bshd<const Q>(q.data(), b, 1, hq, d), kv_k, kv_v,
@@ -147,9 +157,9 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
     for (auto w : bits) hash = (hash ^ w) * 1099511628211ull;
   }
   const double median = gb / seconds[seconds.size() / 2];
-  std::printf("tileattn decode %s %s B %ld ctx %ld H %ld/%ld d %ld threads %2d: KV GB/s median %7.2f min %7.2f max %7.2f "
+  std::printf("tileattn decode %s %s page %ld%s B %ld ctx %ld H %ld/%ld d %ld threads %2d: KV GB/s median %7.2f min %7.2f max %7.2f "
               "of_stream %.2f ms %.3f flush %zu hash %016llx%s\n",
-              type_name<T>(), head_major ? "head" : "token", static_cast<long>(b), static_cast<long>(ctx),
+              type_name<T>(), layout.c_str(), static_cast<long>(page), ascending ? " ascending" : "", static_cast<long>(b), static_cast<long>(ctx),
               static_cast<long>(hq), static_cast<long>(hkv), static_cast<long>(d), threads, median, gb / seconds.back(),
               gb / seconds.front(), median / tileattn::bench::stream_read_gbps(threads),
               1e3 * seconds[seconds.size() / 2], flush_mib, static_cast<unsigned long long>(hash),
