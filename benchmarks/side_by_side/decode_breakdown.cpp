@@ -6,8 +6,9 @@
 // of one head adjacent (stride 128: a head-major page) and 1024 elements apart (a
 // token-major page of 8 K/V heads). ns per key, median of 5; compare with decode_timer's
 // time per key and head to see what memory adds. Where the set multiplies bf16 pairs in place
-// (arch::native::in_place_pairs: Zen 5) it also times those products (Q and P as bf16 pairs,
-// arch/avx512/pairs_in_place.hpp), which a bf16 decode step runs there instead.
+// it also times those products (Q and P as bf16 pairs): on vdpbf16ps (arch/avx512/pairs_in_place.hpp),
+// which a bf16 decode step runs on Zen 5 instead, or on AMX tiles (arch/amx.hpp), which it does
+// not run yet (arch::amx::decode_on_tiles).
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/decode_breakdown.cpp -o /tmp/db
 //   taskset -c 2 /tmp/db
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <type_traits>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tileattn/tileattn.hpp"
@@ -78,7 +80,10 @@ void run(const char* name, index_t row_stride) {
               name, static_cast<long>(row_stride), qk, max, exp, pv, touch, qk + max + exp + pv + touch,
               sink == 12345.0f ? " " : "");
   if constexpr (std::is_same_v<E, bf16>) {
-    if (arch::set_detail::value(arch::native::in_place_pairs)) {  // the products a bf16 decode step runs here
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+    arch::amx::decode_on_tiles = true;  // (on a Xeon with AMX: the tile products, which decode does not use yet)
+#endif
+    if (arch::set_detail::value(arch::native::in_place_pairs)) {  // the pair products (decode's, on Zen 5)
       std::vector<bf16x2> q_pairs(g * d / 2), p_pairs(g * bc / 2);
       for (auto& x : q_pairs) x = {bf16(normal(rng)), bf16(normal(rng))};
       for (auto& x : p_pairs) x = {bf16(0.5f * normal(rng)), bf16(0.5f * normal(rng))};
@@ -88,7 +93,8 @@ void run(const char* name, index_t row_stride) {
       const double pv_p = ns_per_key(bc, [&] {
         arch::native::gemm_rows_pairs(g, d, bc, p_pairs.data(), bc / 2, v_rows.data(), o.data(), d);
       });
-      std::printf("      on bf16 pairs (in_place_pairs: vdpbf16ps): QK %6.2f  PV %6.2f ns/key\n", qk_p, pv_p);
+      std::printf("      on bf16 pairs (%s): QK %6.2f  PV %6.2f ns/key\n",
+                  std::string(arch::native_name()).find("amx") != std::string::npos ? "AMX tiles" : "vdpbf16ps", qk_p, pv_p);
     }
   }
 }

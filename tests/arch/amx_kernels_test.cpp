@@ -25,6 +25,7 @@
 #include "reference/naive_attention.hpp"
 #include "support/backward_support.hpp"
 #include "support/naive_same_precision.hpp"
+#include "support/paged_support.hpp"
 #include "support/test_support.hpp"
 #include "tileattn/arch/amx_support.hpp"
 #include "tileattn/arch/native.hpp"
@@ -276,6 +277,17 @@ TEST(AmxGemm, PreparedOperandGivesTheGemmsBits) {
 
 // ---- The kernels on AMX ----------------------------------------------------------------
 
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+/// This binary runs decode's in-place products on the tiles too (arch::amx::decode_on_tiles,
+/// off by default; the other suites run them over rows converted to float on an AMX machine).
+struct DecodeOnTiles : ::testing::Environment {
+  void SetUp() override { arch::amx::decode_on_tiles = true; }
+  void TearDown() override { arch::amx::decode_on_tiles = false; }
+};
+[[maybe_unused]] ::testing::Environment* const decode_on_tiles_environment =
+    ::testing::AddGlobalTestEnvironment(new DecodeOnTiles);
+#endif
+
 struct KernelCase {
   std::string name;
   test::ProblemShape shape;
@@ -287,7 +299,11 @@ std::vector<KernelCase> kernel_cases() {
           {"17 x 127 causal, d 40", {1, 17, 127, 2, 2, 40, 40}, true},
           {"127 x 300, GQA, d 128", {2, 127, 300, 4, 2, 128, 128}, false},
           {"300 causal, d 128", {1, 300, 300, 2, 2, 128, 128}, true},
-          {"1000 causal, d 64 / 72", {1, 1000, 1000, 1, 1, 64, 72}, true}};
+          {"1000 causal, d 64 / 72", {1, 1000, 1000, 1, 1, 64, 72}, true},
+          // K and V read in place (decode, verify): the products on tiles with rows where they lie
+          {"decode, GQA 4, 1001 keys", {2, 1, 1001, 8, 2, 128, 128}, false},
+          {"verify 3 x 127, d 80 / 64", {1, 3, 127, 4, 1, 80, 64}, true},
+          {"decode, GQA 16, d 256 / 128", {1, 1, 300, 16, 1, 256, 128}, false}};
 }
 
 std::vector<float> to_floats(const std::vector<bf16>& x) {
@@ -324,6 +340,38 @@ TEST(AmxKernels, Bf16ForwardWithinTwiceNaiveBf16) {
     EXPECT_LE(err, 2.0 * naive_err + 1e-5) << "naive bf16 error " << naive_err;
     std::printf("[ amx ] %-24s forward max error %.3g, naive bf16 %.3g\n", c.name.c_str(), err, naive_err);
   }
+}
+
+TEST(AmxKernels, Bf16DecodeOnPagesOfAnySizeIsTheContiguousForwardBitwise) {
+  // A tile reads 16 keys' rows where they lie when they are evenly spaced (16 keys of one
+  // page, or a contiguous cache) and copies them otherwise (pages of 1 or 5 tokens): the
+  // same values in the tile, so the same bits as the contiguous forward.
+  SKIP_WITHOUT_AMX();
+  for (const index_t page : {1, 5, 16, 32})
+    for (const index_t q_len : {1, 3}) {
+      SCOPED_TRACE("page " + std::to_string(page) + ", q_len " + std::to_string(q_len));
+      test::PagedShape s{{1001, 17, 300}, q_len, 8, 2, 80, 64, page};
+      test::PagedBatch<bf16> batch(s, 31);
+      PagedOptions opt;
+      opt.num_splits = 1;
+      batch.run(opt);
+      std::vector<bf16> k_all, v_all;
+      std::vector<std::int32_t> cu_q{0}, cu_k{0};
+      for (index_t b = 0; b < s.batch(); ++b) {
+        k_all.insert(k_all.end(), batch.k_seq[b].begin(), batch.k_seq[b].end());
+        v_all.insert(v_all.end(), batch.v_seq[b].begin(), batch.v_seq[b].end());
+        cu_q.push_back(cu_q.back() + static_cast<std::int32_t>(q_len));
+        cu_k.push_back(cu_k.back() + static_cast<std::int32_t>(s.k_lens[static_cast<std::size_t>(b)]));
+      }
+      std::vector<bf16> o(batch.o.size());
+      forward_varlen(make_thd<const bf16>(batch.q.data(), cu_q.back(), s.heads_q, s.head_dim),
+                     make_thd<const bf16>(k_all.data(), cu_k.back(), s.heads_kv, s.head_dim),
+                     make_thd<const bf16>(v_all.data(), cu_k.back(), s.heads_kv, s.dv()),
+                     make_thd(o.data(), cu_q.back(), s.heads_q, s.dv()), PackedLseView{},
+                     VarlenSequences{cu_q, cu_k, q_len, 1001}, opt);
+      for (std::size_t e = 0; e < o.size(); ++e)
+        ASSERT_EQ(o[e].bits, batch.o[e].bits) << "element " << e;
+    }
 }
 
 TEST(AmxKernels, Bf16BackwardWithinThriceNaiveBf16) {

@@ -25,6 +25,11 @@
 // with TransA (A given as its K x M transpose), each 32-row panel of A is transposed into
 // a buffer first.
 //
+// A decode step's products with K and V rows read in place (gemm_nt_rows_pairs,
+// gemm_rows_pairs): S^T = K Q^T with each A tile 16 key rows loaded where they lie (16 keys
+// of a page are evenly spaced; otherwise copied) against Q^T's tiles, and O += P V with V's
+// rows interleaved into pairs in a buffer. Off by default (decode_on_tiles says why).
+//
 // Prepared operands (arch/prepared_pairs.hpp): the forward's panels pack a key tile's K^T and
 // V into whole tiles once (prepare_pairs) and multiply them a 64-row slab at a time
 // (gemm_prepared: the same blocks and bits as gemm), with one tile configuration for a work
@@ -468,11 +473,19 @@ inline bool tiles_in_use() {
 #endif
 }
 
+/// Whether a decode step's in-place products run on the tiles where they are in use
+/// (gemm_nt_rows_pairs, gemm_rows_pairs below). Off by default: on the 16-core Xeon they cost
+/// what the FMAs over rows converted to float cost (decode_breakdown, per key with 4 query
+/// rows: Q K^T 6.6-11.3 ns against 12.3-14.0, but P V 8.9-18.7 against 8.5-9.9, V's rows
+/// interleaved into pairs in a buffer before each tile load), so they wait for V stored in
+/// pairs at append time (issue 44, item 1). Tests and benchmarks turn it on.
+inline std::atomic<bool> decode_on_tiles{false};
+
 /// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp): on
 /// vdpbf16ps where the tiles are not in use (Zen 5 runs it at the FMA's rate); where they
-/// are, the rows are converted to float (the Xeon runs vdpbf16ps at under half its FMA
-/// rate: docs/paged.md), until those products run on the tiles too.
-inline bool in_place_pairs() { return !tiles_in_use(); }
+/// are, on the tiles if decode_on_tiles, else not at all (rows converted to float: the Xeon
+/// runs vdpbf16ps at under half its FMA rate, docs/paged.md).
+inline bool in_place_pairs() { return !tiles_in_use() || decode_on_tiles.load(std::memory_order_relaxed); }
 
 /// avx512::gemm's contract. Float operands: avx512's gemm. bf16 pairs: AMX tiles where the
 /// process may use them, else vdpbf16ps (avx512's gemm).
@@ -515,6 +528,183 @@ void gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda
   if constexpr (!Accumulate)
     for (index_t i = 0; i < m; ++i)
       for (index_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f;
+}
+
+// ---- A decode step's products with K and V rows read in place ------------------------------
+
+namespace detail {
+/// The bytes between rows[r] and rows[r + 1] when all 16 rows lie that far apart (a tile
+/// load reads them where they are: 16 keys of one page), else 0.
+inline index_t even_stride_bytes(const bf16* const* rows) {
+  const std::ptrdiff_t step = rows[1] - rows[0];
+  for (index_t r = 2; r < dim; ++r)
+    if (rows[r] - rows[r - 1] != step) return 0;
+  return step > 0 ? static_cast<index_t>(step) * 2 : 0;
+}
+
+/// Per-thread scratch of `bytes`, 64-byte aligned, grown to the largest call's (Q^T's tiles
+/// of a decode step; V's rows interleaved into pairs).
+inline void* row_product_storage(std::size_t bytes, int slot) {
+  struct Storage {
+    void* data = nullptr;
+    std::size_t size = 0;
+    ~Storage() { std::free(data); }
+  };
+  thread_local Storage s[3];
+  Storage& t = s[slot];
+  if (t.size < bytes) {
+    std::free(t.data);
+    t.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (t.data == nullptr) throw std::bad_alloc();
+    t.size = bytes;
+  }
+  return t.data;
+}
+
+/// The 32 values [p0, p0 + 32) of 16 key rows (fewer than 16: zero rows after) as A tile 4:
+/// read in place when the rows are evenly spaced and the 32 values lie within k, else
+/// copied, masked at k, into buf.
+TILEATTN_AMX_TARGET inline void key_rows_load(const bf16* const* rows, index_t nj, index_t stride, index_t p0,
+                                              index_t k, std::uint32_t* buf) {
+  if (stride > 0 && nj == dim && p0 + 2 * dim <= k) return tile_load<4>(rows[0] + p0, stride);
+  const index_t left = k - p0 < 2 * dim ? k - p0 : 2 * dim;
+  const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+  for (index_t r = 0; r < dim; ++r)
+    _mm512_store_si512(buf + dim * r, r < nj ? _mm512_maskz_loadu_epi16(m, rows[r] + p0) : _mm512_setzero_si512());
+  tile_load<4>(buf, dim * 4);
+}
+
+/// S^T's 16 x 16 block of keys [j0, j0 + nj) (tile 0, stored to cbuf) against the Q^T
+/// tiles qt (one per 32 values of k), then its first m columns written as S's rows.
+TILEATTN_AMX_TARGET inline void scores_block(index_t m, index_t nj, index_t k, const std::uint32_t* qt,
+                                             const bf16* const* rows, float* c, index_t ldc, EdgeBuffers& buf) {
+  const index_t stride = nj == dim ? even_stride_bytes(rows) : 0;
+  tile_zero<0>();
+  for (index_t p0 = 0; p0 < k; p0 += 2 * dim) {
+    key_rows_load(rows, nj, stride, p0, k, buf.a[0]);
+    tile_load<6>(qt + p0 / (2 * dim) * dim * dim, dim * 4);
+    tile_dot<0, 0>();
+  }
+  tile_store<0>(buf.c[0], dim * 4);
+  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(dim));
+  const __mmask16 keys = lanes_mask(nj);
+  for (index_t i = 0; i < m; ++i)  // S row i = column i of S^T
+    _mm512_mask_storeu_ps(c + i * ldc, keys, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keys, column, buf.c[0] + i, 4));
+}
+}  // namespace detail
+
+/// generic::gemm_nt_rows_pairs on the tiles (the caller has checked tiles_in_use()): S^T =
+/// K Q^T, 16 keys at a time, each A tile 16 key rows read where they lie (16 keys of a page,
+/// evenly spaced) or copied, each B tile Q^T's 16 pairs of 16 query rows (built once per
+/// call). Sums as tdpbf16ps makes them, per 32 values of k in order: not generic's bits.
+TILEATTN_AMX_TARGET inline void tile_gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a,
+                                                        index_t lda, const bf16* const* b_rows, float* c,
+                                                        index_t ldc) {
+  [[maybe_unused]] detail::TileSession session;
+  detail::EdgeBuffers buf;
+  const index_t dim = detail::dim, steps = (k + 2 * dim - 1) / (2 * dim), pairs = (k + 1) / 2;
+  auto* qt = static_cast<std::uint32_t*>(detail::row_product_storage(static_cast<std::size_t>(steps * dim * dim) * 4, 0));
+  for (index_t i0 = 0; i0 < m; i0 += dim) {
+    const index_t mi = m - i0 < dim ? m - i0 : dim;
+    const __m512i row_at = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(static_cast<int>(lda)));
+    const __mmask16 rows_in = detail::lanes_mask(mi);
+    for (index_t p = 0; p < steps * dim; ++p)  // qt[p / 16][p % 16][i] = pair p of query row i0 + i
+      _mm512_store_si512(qt + p * dim, p < pairs ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows_in, row_at,
+                                                                              a + i0 * lda + p, 4)
+                                                 : _mm512_setzero_si512());
+    for (index_t j0 = 0; j0 < n; j0 += dim)
+      detail::scores_block(mi, n - j0 < dim ? n - j0 : dim, k, qt, b_rows + j0, c + i0 * ldc + j0, ldc, buf);
+  }
+}
+
+/// generic::gemm_rows_pairs on the tiles: O (16 query rows x 64 columns in tiles 0-3) += P
+/// (A, 16 pairs of keys, zero-padded once per call; tiles 4 and 5 the same) V (B, two V rows
+/// interleaved into pairs, 16 columns a tile, made in a buffer 128 keys at a time before the
+/// tiles load them: a tile load waits for the stores it reads). Sums per 32 keys in order,
+/// as tdpbf16ps makes them: not generic's bits.
+TILEATTN_AMX_TARGET inline void tile_gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                                                     const bf16* const* b_rows, float* c, index_t ldc) {
+  [[maybe_unused]] detail::TileSession session;
+  detail::EdgeBuffers buf;
+  const index_t dim = detail::dim, pairs = (k + 1) / 2;
+  constexpr index_t blocks = 4;  // pair blocks (16 pairs: 32 keys) made before the products read them
+  // V's rows interleaved into pairs for 64 columns: vt[b][t][p][j] = (v[2q][16t + j], v[2q + 1][16t + j]),
+  // q = 16 (q0 + b) + p; made for `blocks` pair blocks at a time, so that the tile loads come
+  // well after the stores that made them.
+  auto* vt = static_cast<std::uint32_t*>(detail::row_product_storage(blocks * 4 * dim * dim * 4, 1));
+  const __m512i lo = _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003, 0x00240004, 0x00250005,
+                                       0x00260006, 0x00270007, 0x00280008, 0x00290009, 0x002a000a, 0x002b000b,
+                                       0x002c000c, 0x002d000d, 0x002e000e, 0x002f000f);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  const index_t a_blocks = (pairs + dim - 1) / dim;
+  auto* pa = static_cast<std::uint32_t*>(detail::row_product_storage(static_cast<std::size_t>(a_blocks * dim * dim) * 4, 2));
+  for (index_t i0 = 0; i0 < m; i0 += dim) {
+    const index_t mi = m - i0 < dim ? m - i0 : dim;
+    for (index_t q0 = 0; q0 < pairs; q0 += dim)  // P's A tiles, zero-padded once for every column group
+      detail::pad_block(a + i0 * lda + q0, lda, mi, pairs - q0 < dim ? pairs - q0 : dim, pa + q0 * dim);
+    for (index_t j0 = 0; j0 < n; j0 += 4 * dim) {
+      const index_t cols = n - j0 < 4 * dim ? n - j0 : 4 * dim;
+      const auto tile_cols = [&](index_t t) { return cols <= t * dim ? 0 : cols - t * dim < dim ? cols - t * dim : dim; };
+      float* o = c + i0 * ldc + j0;
+      const detail::CTile t[4] = {{o, mi, tile_cols(0)}, {o + dim, mi, tile_cols(1)}, {o + 2 * dim, mi, tile_cols(2)},
+                                  {o + 3 * dim, mi, tile_cols(3)}};
+      const __mmask32 m0 = cols >= 32 ? ~__mmask32(0) : (__mmask32(1) << cols) - 1;
+      const __mmask32 m1 = cols >= 64 ? ~__mmask32(0) : cols > 32 ? (__mmask32(1) << (cols - 32)) - 1 : 0;
+      detail::c_begin<0, 0>(t[0], ldc, true, buf);
+      detail::c_begin<0, 1>(t[1], ldc, true, buf);
+      detail::c_begin<1, 0>(t[2], ldc, true, buf);
+      detail::c_begin<1, 1>(t[3], ldc, true, buf);
+      for (index_t g0 = 0; g0 < pairs; g0 += blocks * dim) {
+        const index_t group = pairs - g0 < blocks * dim ? pairs - g0 : blocks * dim;
+        for (index_t q = 0; q < (group + dim - 1) / dim * dim; ++q) {  // B rows: key pair g0 + q
+          __m512i x0 = _mm512_setzero_si512(), x1 = x0, y0 = x0, y1 = x0;
+          if (q < group) {
+            const index_t r = 2 * (g0 + q);
+            x0 = _mm512_maskz_loadu_epi16(m0, b_rows[r] + j0), x1 = _mm512_maskz_loadu_epi16(m1, b_rows[r] + j0 + 32);
+            if (r + 1 < k)
+              y0 = _mm512_maskz_loadu_epi16(m0, b_rows[r + 1] + j0), y1 = _mm512_maskz_loadu_epi16(m1, b_rows[r + 1] + j0 + 32);
+          }
+          std::uint32_t* row = vt + (q / dim) * 4 * dim * dim + (q % dim) * dim;
+          _mm512_store_si512(row, _mm512_permutex2var_epi16(x0, lo, y0));
+          _mm512_store_si512(row + dim * dim, _mm512_permutex2var_epi16(x0, hi, y0));
+          _mm512_store_si512(row + 2 * dim * dim, _mm512_permutex2var_epi16(x1, lo, y1));
+          _mm512_store_si512(row + 3 * dim * dim, _mm512_permutex2var_epi16(x1, hi, y1));
+        }
+        for (index_t q0 = 0; q0 < group; q0 += dim) {
+          const std::uint32_t* b = vt + (q0 / dim) * 4 * dim * dim;
+          detail::tile_load<4>(pa + (g0 + q0) * dim, dim * 4);
+          detail::tile_load<5>(pa + (g0 + q0) * dim, dim * 4);
+          detail::tile_load<6>(b, dim * 4);
+          detail::tile_load<7>(b + dim * dim, dim * 4);
+          detail::tile_dot<0, 0>();
+          detail::tile_dot<0, 1>();
+          detail::tile_load<6>(b + 2 * dim * dim, dim * 4);
+          detail::tile_load<7>(b + 3 * dim * dim, dim * 4);
+          detail::tile_dot<1, 0>();
+          detail::tile_dot<1, 1>();
+        }
+      }
+      detail::c_end<0, 0>(t[0], ldc, buf);
+      detail::c_end<0, 1>(t[1], ldc, buf);
+      detail::c_end<1, 0>(t[2], ldc, buf);
+      detail::c_end<1, 1>(t[3], ldc, buf);
+    }
+  }
+}
+
+/// A decode step's in-place products on pairs: on the tiles where they are in use, else
+/// avx512's (vdpbf16ps).
+inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                               const bf16* const* b_rows, float* c, index_t ldc) {
+  if (m > 0 && n > 0 && tiles_in_use()) return tile_gemm_nt_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
+  avx512::gemm_nt_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
+}
+inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                            const bf16* const* b_rows, float* c, index_t ldc) {
+  if (m > 0 && n > 0 && k > 0 && tiles_in_use()) return tile_gemm_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
+  avx512::gemm_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
 }
 
 inline index_t product_slab_rows() {

@@ -333,6 +333,8 @@ class InPlaceLoader {
   const void** order_ = nullptr;
   index_t heads_[max_kv_heads_per_item];  // the heads that see the current tile
   index_t active_ = 0;
+  struct NoScope {};
+  [[no_unique_address]] std::conditional_t<Tiles::pairs, ops::ProductScope, NoScope> products_;  // (AMX: one tile configuration)
 };
 
 }  // namespace tileattn::kernels
