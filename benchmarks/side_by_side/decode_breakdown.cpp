@@ -7,8 +7,8 @@
 // token-major page of 8 K/V heads). ns per key, median of 5; compare with decode_timer's
 // time per key and head to see what memory adds. Where the set multiplies bf16 pairs in place
 // it also times those products (Q and P as bf16 pairs): on vdpbf16ps (arch/avx512/pairs_in_place.hpp),
-// which a bf16 decode step runs on Zen 5 instead, or on AMX tiles (arch/amx.hpp), which it does
-// not run yet (arch::amx::decode_on_tiles).
+// which a bf16 decode step runs on Zen 5 instead, or on AMX tiles (arch/amx.hpp), which decode
+// and verify steps run from 8 query rows per K/V group (arch::amx::tile_decode_min_rows).
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/side_by_side/decode_breakdown.cpp -o /tmp/db
 //   taskset -c 2 /tmp/db
 #include <algorithm>
@@ -81,7 +81,7 @@ void run(const char* name, index_t row_stride) {
               sink == 12345.0f ? " " : "");
   if constexpr (std::is_same_v<E, bf16>) {
 #if defined(TILEATTN_HAS_AMX_KERNELS)
-    arch::amx::decode_on_tiles = true;  // (on a Xeon with AMX: the tile products, which decode does not use yet)
+    arch::amx::tile_decode_min_rows = 1;  // (on a Xeon with AMX: the tile products, which decode uses from 8 rows)
 #endif
     if (arch::set_detail::value(arch::native::in_place_pairs)) {  // the pair products (decode's, on Zen 5)
       std::vector<bf16x2> q_pairs(g * d / 2), p_pairs(g * bc / 2);

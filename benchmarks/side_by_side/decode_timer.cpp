@@ -18,6 +18,10 @@
 //   ORDER    shuffled (default: the block tables list the pages in random order) or
 //            ascending (each sequence's pages consecutive in the pool).
 //   HUGE     1: the pools advised onto transparent huge pages (madvise) before first touch.
+//   TILE_ROWS  where AMX tiles are in use, the fewest query rows per K/V group whose in-place
+//            products run on them (arch::amx::tile_decode_min_rows, default 8; 1: all; 17: none).
+//   QLEN     new tokens per sequence (default 1): more is a speculative verify step, causal
+//            bottom-right over the cache; its GB/s count the same K/V bytes.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -107,7 +111,9 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
   const char* huge_env = std::getenv("HUGE");
   const bool huge = huge_env != nullptr && std::string(huge_env) == "1";
   Pool<T> k(elements, huge), v(elements, huge);
-  std::vector<Q> q(static_cast<std::size_t>(b * hq * d)), o(q.size());
+  const char* qlen_env = std::getenv("QLEN");
+  const index_t sq = qlen_env != nullptr ? std::max<index_t>(1, std::atol(qlen_env)) : 1;
+  std::vector<Q> q(static_cast<std::size_t>(b * sq * hq * d)), o(q.size());
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   for (auto* x : {&k, &v})
@@ -121,6 +127,10 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
   if (!ascending) std::shuffle(table.begin(), table.end(), rng);
   tileattn::PagedOptions opt;
   opt.execution = {tileattn::Backend::openmp, threads};
+  opt.causal = sq > 1;
+#if defined(TILEATTN_HAS_AMX_KERNELS)
+  if (const char* tiles = std::getenv("TILE_ROWS")) tileattn::arch::amx::tile_decode_min_rows = std::atol(tiles);
+#endif  // a verify step: the new tokens see the cache and each other, bottom-right aligned
   if constexpr (std::is_same_v<T, std::int8_t>) {
     opt.k_scale = {k_scales.data(), {pages, hkv}, {hkv, 1}};
     opt.v_scale = {v_scales.data(), {pages, hkv}, {hkv, 1}};
@@ -136,9 +146,9 @@ int run(index_t b, index_t ctx, index_t hq, index_t hkv, index_t d, int threads,
                                                       : std::array<index_t, 4>{page * hkv * d, hkv * d, d, 1};
   const tileattn::TensorView<const T> kv_k{k.data(), shape, strides}, kv_v{v.data(), shape, strides};
   const auto step = [&] {
-    tileattn::forward_paged(tileattn::make_bshd<const Q>(q.data(), b, 1, hq, d), kv_k, kv_v,
+    tileattn::forward_paged(tileattn::make_bshd<const Q>(q.data(), b, sq, hq, d), kv_k, kv_v,
                             tileattn::make_block_table(table.data(), b, max_pages), lens,
-                            tileattn::make_bshd(o.data(), b, 1, hq, d), opt);
+                            tileattn::make_bshd(o.data(), b, sq, hq, d), opt);
   };
   std::vector<double> seconds;
   float sink = 0;

@@ -278,11 +278,12 @@ TEST(AmxGemm, PreparedOperandGivesTheGemmsBits) {
 // ---- The kernels on AMX ----------------------------------------------------------------
 
 #if defined(TILEATTN_HAS_AMX_KERNELS)
-/// This binary runs decode's in-place products on the tiles too (arch::amx::decode_on_tiles,
-/// off by default; the other suites run them over rows converted to float on an AMX machine).
+/// This binary runs decode's in-place products on the tiles for every group size
+/// (arch::amx::tile_decode_min_rows 1; by default from 8 query rows per K/V group, which the
+/// other suites run on an AMX machine).
 struct DecodeOnTiles : ::testing::Environment {
-  void SetUp() override { arch::amx::decode_on_tiles = true; }
-  void TearDown() override { arch::amx::decode_on_tiles = false; }
+  void SetUp() override { arch::amx::tile_decode_min_rows = 1; }
+  void TearDown() override { arch::amx::tile_decode_min_rows = 8; }
 };
 [[maybe_unused]] ::testing::Environment* const decode_on_tiles_environment =
     ::testing::AddGlobalTestEnvironment(new DecodeOnTiles);
@@ -372,6 +373,81 @@ TEST(AmxKernels, Bf16DecodeOnPagesOfAnySizeIsTheContiguousForwardBitwise) {
       for (std::size_t e = 0; e < o.size(); ++e)
         ASSERT_EQ(o[e].bits, batch.o[e].bits) << "element " << e;
     }
+}
+
+TEST(AmxKernels, Bf16DecodeChoosesTilesByGroupRowsPerSequence) {
+  // With the default threshold (8 query rows per K/V group), one varlen call whose sequences
+  // have 1 and 3 new tokens (GQA 4: 4 and 12 rows) runs float items and tile items side by
+  // side in one scratch: each sequence's O is the bits of a call of its own, and the 4-row
+  // sequences' the bits of the float products (threshold 17).
+  SKIP_WITHOUT_AMX();
+  struct Threshold {
+    explicit Threshold(index_t rows) : saved(arch::amx::tile_decode_min_rows.exchange(rows)) {}
+    ~Threshold() { arch::amx::tile_decode_min_rows = saved; }
+    index_t saved;
+  };
+  const index_t hq = 8, hkv = 2, d = 64;
+  const std::vector<index_t> q_lens{1, 3, 1, 3}, k_lens{300, 17, 1001, 129};
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal;
+  const auto random_rows = [&](index_t rows, index_t heads) {
+    std::vector<bf16> x(static_cast<std::size_t>(rows * heads * d));
+    for (auto& e : x) e = from_float<bf16>(normal(rng));
+    return x;
+  };
+  std::vector<std::vector<bf16>> q, k, v;
+  std::vector<std::int32_t> cu_q{0}, cu_k{0};
+  for (std::size_t b = 0; b < q_lens.size(); ++b) {
+    q.push_back(random_rows(q_lens[b], hq));
+    k.push_back(random_rows(k_lens[b], hkv));
+    v.push_back(random_rows(k_lens[b], hkv));
+    cu_q.push_back(cu_q.back() + static_cast<std::int32_t>(q_lens[b]));
+    cu_k.push_back(cu_k.back() + static_cast<std::int32_t>(k_lens[b]));
+  }
+  const auto joined = [](const std::vector<std::vector<bf16>>& parts) {
+    std::vector<bf16> all;
+    for (const auto& part : parts) all.insert(all.end(), part.begin(), part.end());
+    return all;
+  };
+  const std::vector<bf16> q_all = joined(q), k_all = joined(k), v_all = joined(v);
+  ForwardOptions opt;
+  opt.causal = true;
+  const auto run_all = [&] {
+    std::vector<bf16> o(q_all.size());
+    forward_varlen(make_thd<const bf16>(q_all.data(), cu_q.back(), hq, d), make_thd<const bf16>(k_all.data(), cu_k.back(), hkv, d),
+                   make_thd<const bf16>(v_all.data(), cu_k.back(), hkv, d), make_thd(o.data(), cu_q.back(), hq, d),
+                   PackedLseView{}, VarlenSequences{cu_q, cu_k, 3, 1001}, opt);
+    return o;
+  };
+  const auto run_one = [&](std::size_t b) {
+    std::vector<bf16> o(q[b].size());
+    forward(make_bshd<const bf16>(q[b].data(), 1, q_lens[b], hq, d), make_bshd<const bf16>(k[b].data(), 1, k_lens[b], hkv, d),
+            make_bshd<const bf16>(v[b].data(), 1, k_lens[b], hkv, d), make_bshd(o.data(), 1, q_lens[b], hq, d), opt);
+    return o;
+  };
+  Threshold by_rows(8);
+  const std::vector<bf16> all = run_all();
+  std::vector<bf16> floats_all;
+  {
+    Threshold never(17);
+    floats_all = run_all();
+  }
+  for (std::size_t b = 0; b < q_lens.size(); ++b) {
+    SCOPED_TRACE("sequence " + std::to_string(b) + ", " + std::to_string(q_lens[b]) + " new tokens");
+    const std::vector<bf16> alone = run_one(b);
+    const std::size_t first = static_cast<std::size_t>(cu_q[b] * hq * d);
+    bool tiles_differ = false;
+    for (std::size_t e = 0; e < alone.size(); ++e) {
+      ASSERT_EQ(all[first + e].bits, alone[e].bits) << "element " << e;
+      if (q_lens[b] == 1) {
+        ASSERT_EQ(all[first + e].bits, floats_all[first + e].bits) << "element " << e;
+      }
+      tiles_differ = tiles_differ || all[first + e].bits != floats_all[first + e].bits;
+    }
+    if (q_lens[b] == 3) {
+      EXPECT_TRUE(tiles_differ) << "12-row groups ran on the float products";
+    }
+  }
 }
 
 TEST(AmxKernels, Bf16BackwardWithinThriceNaiveBf16) {

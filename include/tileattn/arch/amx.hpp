@@ -28,7 +28,8 @@
 // A decode step's products with K and V rows read in place (gemm_nt_rows_pairs,
 // gemm_rows_pairs): S^T = K Q^T with each A tile 16 key rows loaded where they lie (16 keys
 // of a page are evenly spaced; otherwise copied) against Q^T's tiles, and O += P V with V's
-// rows interleaved into pairs in a buffer. Off by default (decode_on_tiles says why).
+// rows interleaved into pairs in a buffer. Used from 8 query rows per K/V group
+// (in_place_pairs_min_rows says why).
 //
 // Prepared operands (arch/prepared_pairs.hpp): the forward's panels pack a key tile's K^T and
 // V into whole tiles once (prepare_pairs) and multiply them a 64-row slab at a time
@@ -473,19 +474,25 @@ inline bool tiles_in_use() {
 #endif
 }
 
-/// Whether a decode step's in-place products run on the tiles where they are in use
-/// (gemm_nt_rows_pairs, gemm_rows_pairs below). Off by default: on the 16-core Xeon they cost
-/// what the FMAs over rows converted to float cost (decode_breakdown, per key with 4 query
-/// rows: Q K^T 6.6-11.3 ns against 12.3-14.0, but P V 8.9-18.7 against 8.5-9.9, V's rows
-/// interleaved into pairs in a buffer before each tile load), so they wait for V stored in
-/// pairs at append time (issue 44, item 1). Tests and benchmarks turn it on.
-inline std::atomic<bool> decode_on_tiles{false};
+/// A decode or verify step's in-place products multiply bf16 pairs (arch/generic.hpp): on the
+/// tiles where they are in use (gemm_nt_rows_pairs, gemm_rows_pairs below), else on
+/// vdpbf16ps (Zen 5 runs it at the FMA's rate).
+inline constexpr bool in_place_pairs = true;
 
-/// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp): on
-/// vdpbf16ps where the tiles are not in use (Zen 5 runs it at the FMA's rate); where they
-/// are, on the tiles if decode_on_tiles, else not at all (rows converted to float: the Xeon
-/// runs vdpbf16ps at under half its FMA rate, docs/paged.md).
-inline bool in_place_pairs() { return !tiles_in_use() || decode_on_tiles.load(std::memory_order_relaxed); }
+/// On the tiles, from tile_decode_min_rows (8) query rows per K/V group: a tile's cost hardly depends on its rows
+/// (up to 16), the FMAs' grows with them. On the 16-core Xeon (decode_breakdown, 4 rows, per
+/// key in L1/L2) the tiles and the FMAs over rows converted to float cost the same (Q K^T
+/// 6.6-11.3 ns against 12.3-14.0, P V 8.9-18.7 against 8.5-9.9: V's rows are interleaved into
+/// pairs in a buffer first); a 4-token verify step (16 rows, B 1 x 32k, bf16, 3 runs in two
+/// sessions) took 14.3-17.2 ms on the tiles against 23.6-26.2 on the FMAs at 2 threads and
+/// 2.4-3.4 against 3.8-4.4 at 16, where the one-token step took 12.8-15.8 and 2.2-3.0. Fewer
+/// rows convert to float (as do all where the tiles are not in use and
+/// vdpbf16ps runs at under half the FMA rate: docs/paged.md). Tests and benchmarks change
+/// tile_decode_min_rows (1: every group size; 17: never, in_place_max_rows being 16).
+inline std::atomic<index_t> tile_decode_min_rows{8};
+inline index_t in_place_pairs_min_rows() {
+  return tiles_in_use() ? tile_decode_min_rows.load(std::memory_order_relaxed) : 1;
+}
 
 /// avx512::gemm's contract. Float operands: avx512's gemm. bf16 pairs: AMX tiles where the
 /// process may use them, else vdpbf16ps (avx512's gemm).

@@ -361,6 +361,7 @@ using generic::gemm_rows;
 #endif
 using generic::touch_rows;
 using generic::in_place_pairs;  // (false: the pair products below are never called)
+using generic::in_place_pairs_min_rows;
 using generic::gemm_nt_rows_pairs;
 using generic::gemm_rows_pairs;
 using generic::interleave_pairs;

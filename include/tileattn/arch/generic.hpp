@@ -144,6 +144,9 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
 /// gemm_rows_pairs) where Q and K/V are bf16: a set's choice, like bf16_dot_product, but
 /// only where its pairs are fast without a packed layout (vdpbf16ps at the FMA's rate).
 inline constexpr bool in_place_pairs = false;
+/// The fewest query rows per K/V group (a GQA group's heads times the new tokens) for which
+/// they do, where in_place_pairs: 1 where pairs always pay.
+inline constexpr index_t in_place_pairs_min_rows = 1;
 
 /// C (M x N) = A B^T with A's rows bf16 pairs (lda pairs apart; K elements, the last pair's
 /// high half zero when K is odd) and B given by its N bf16 rows b_rows[j] (K elements each,

@@ -63,6 +63,7 @@ concept MicroKernelSet =
   // pairs with bf16 rows (where in_place_pairs says the set uses them).
   S::touch_rows(rows, n, n);
   { S::in_place_pairs() } -> std::convertible_to<bool>;
+  { S::in_place_pairs_min_rows() } -> std::convertible_to<index_t>;
   S::gemm_nt_rows_pairs(n, n, n, cp, n, brows, f, n);
   S::gemm_rows_pairs(n, n, n, cp, n, brows, f, n);
   // The softmax's row operations.
@@ -111,6 +112,9 @@ concept MicroKernelSet =
     static const char* name() { return ::tileattn::arch::set_detail::value(ns::name); }           \
     static bool bf16_dot_product() { return ::tileattn::arch::set_detail::value(ns::bf16_dot_product); } \
     static bool in_place_pairs() { return ::tileattn::arch::set_detail::value(ns::in_place_pairs); }     \
+    static index_t in_place_pairs_min_rows() {                                                    \
+      return ::tileattn::arch::set_detail::value(ns::in_place_pairs_min_rows);                     \
+    }                                                                                             \
     template <bool Accumulate, bool TransA = false, class... A>                                    \
     static auto gemm(A... a)->decltype(ns::gemm<Accumulate, TransA>(a...)) {                       \
       return ns::gemm<Accumulate, TransA>(a...);                                                  \

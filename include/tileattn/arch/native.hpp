@@ -122,9 +122,13 @@ void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, con
                index_t ldc) {
   TILEATTN_DISPATCH_BF16_FREE(gemm_rows(m, n, k, a, lda, b_rows, c, ldc));
 }
-/// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp).
+/// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp), and
+/// from how many query rows per K/V group.
 inline bool in_place_pairs() {
   return dispatched_isa() == Isa::avx512_bf16 && set_detail::value(with_bf16::in_place_pairs);
+}
+inline index_t in_place_pairs_min_rows() {
+  return dispatched_isa() == Isa::avx512_bf16 ? set_detail::value(with_bf16::in_place_pairs_min_rows) : 1;
 }
 inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
                                const bf16* const* b_rows, float* c, index_t ldc) {

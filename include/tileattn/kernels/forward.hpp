@@ -360,20 +360,24 @@ void merge_partial_states(const ForwardParams<T, KV>& p, const Merge& m, index_t
 /// The SRAM an in-place item of `work` carves (in_place_item_bytes for its K/V heads per item).
 template <class T, class KV>
 std::size_t in_place_bytes_of(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work) {
-  return with_in_place_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
-    return in_place_item_bytes<KV, Op>(plan, p.head_dim(), p.head_dim_v(), work.kv_heads_per_item());
-  });
+  const index_t heads = work.kv_heads_per_item();  // float and pair items may both run: the larger
+  const std::size_t floats = in_place_item_bytes<KV, float>(plan, p.head_dim(), p.head_dim_v(), heads);
+  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>)
+    if (in_place_pairs_for<T, KV>(in_place_max_rows))
+      return std::max(floats, in_place_item_bytes<KV, bf16x2>(plan, p.head_dim(), p.head_dim_v(), heads));
+  return floats;
 }
 
 /// One work item on the calling worker, from the worker's scratch: K and V read in place
-/// (InPlaceLoader, its Q and P float or bf16 pairs: with_in_place_operand) where the work
+/// (InPlaceLoader, its Q and P float or bf16 pairs by the K/V group's query rows:
+/// with_in_place_operand) where the work
 /// list decided so (QueryBlock::in_place), else packed into
 /// SRAM tiles of the operand type the micro-kernels multiply (PackedLoader).
 template <class Kv, class T, class KV, class Scores, class Io>
 void run_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, std::size_t in_place_bytes,
               const Scores& scores, Io& counter) {
   if (blk.in_place) {
-    with_in_place_operand<T, KV>([&]<class Op>(std::type_identity<Op>) {
+    with_in_place_operand<T, KV>(p.group_size() * blk.range.q_len, [&]<class Op>(std::type_identity<Op>) {
       InPlaceLoader<Kv, T, KV, Op> loader(p, plan, blk, worker_scratch(in_place_bytes));
       forward_item(p, plan, blk, loader, scores, counter);
     });

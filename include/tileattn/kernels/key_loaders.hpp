@@ -98,15 +98,26 @@ struct InPlaceTiles {
   }
 };
 
-/// f(std::type_identity<Op>{}) for the operand type of an in-place item's Q and P: bf16
-/// pairs where Q and K/V are bf16 and the micro-kernel set multiplies pairs with rows in
-/// place (arch::native::in_place_pairs: vdpbf16ps on Zen 5; Q is exact as pairs, and P is
-/// rounded to bf16 as the packed bf16 path rounds it), float otherwise. The choice depends
-/// on the types and the CPU only.
-template <class T, class KV, class F>
-decltype(auto) with_in_place_operand(F&& f) {
+/// Whether in-place items whose K/V group has `group_rows` query rows (the group's heads
+/// times the sequence's new tokens) multiply bf16 pairs: where Q and K/V are bf16 and the
+/// micro-kernel set multiplies pairs with rows in place from that many rows
+/// (arch::native::in_place_pairs: vdpbf16ps on Zen 5, always; AMX tiles from 8 rows). Q is
+/// exact as pairs; P is rounded to bf16, as the packed bf16 path rounds it. The choice
+/// depends on the types, the CPU and the sequence's shape, never on the tiling or threads.
+template <class T, class KV>
+bool in_place_pairs_for(index_t group_rows) {
   if constexpr (std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>)
-    if (arch::set_detail::value(arch::native::in_place_pairs)) return f(std::type_identity<bf16x2>{});
+    return arch::set_detail::value(arch::native::in_place_pairs) &&
+           group_rows >= arch::set_detail::value(arch::native::in_place_pairs_min_rows);
+  return false;
+}
+
+/// f(std::type_identity<Op>{}) for the operand type of the Q and P of an in-place item whose
+/// K/V group has `group_rows` query rows: bf16x2 where in_place_pairs_for, else float.
+template <class T, class KV, class F>
+decltype(auto) with_in_place_operand(index_t group_rows, F&& f) {
+  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>)
+    if (in_place_pairs_for<T, KV>(group_rows)) return f(std::type_identity<bf16x2>{});
   return f(std::type_identity<float>{});
 }
 

@@ -12,6 +12,7 @@
 #if TILEATTN_AVX512_HAS_BF16
 /// Whether a decode step's in-place products multiply bf16 pairs (generic.hpp says when).
 inline constexpr bool in_place_pairs = bf16_dot_product;
+inline constexpr index_t in_place_pairs_min_rows = 1;
 
 namespace detail {
 /// The first n (at most 32) 16-bit lanes.
@@ -149,6 +150,7 @@ inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, in
 }
 #else
 inline constexpr bool in_place_pairs = false;
+using generic::in_place_pairs_min_rows;
 using generic::gemm_nt_rows_pairs;
 using generic::gemm_rows_pairs;
 #endif
