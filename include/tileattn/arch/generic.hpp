@@ -3,7 +3,8 @@
 //
 // Every arch namespace provides the same functions with the same contracts, so ops/ and
 // memory/ can call `arch::native::` without knowing which one it got: gemm, gemm_nt_rows,
-// gemm_rows (K and V rows read in place), row_max,
+// gemm_rows (K and V rows read in place), gemm_nt_rows_pairs and gemm_rows_pairs (the same
+// with Q and P as bf16 pairs: in_place_pairs, in_place_pairs_min_rows), row_max,
 // exp2_shift_sum_rows (and its one-row exp2_shift_sum), all_finite, scale, exp2, mul_add, add_alibi_bias,
 // transpose, the 16-bit conversions to_float / from_float, the 8-bit (fp8_e4m3, fp8_e5m2,
 // int8: core/quantized_types.hpp) to_float (and, for bf16 pair tiles,
