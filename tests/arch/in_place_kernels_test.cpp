@@ -45,6 +45,22 @@ struct ScatteredRows {
   }
 };
 
+/// start + the sum over p in [0, k) of a(p) b(p), in double, and the sum of the magnitudes
+/// of the terms (|start| included): a reference value and the scale of its error bound.
+struct DoubleSum {
+  double value, magnitude;
+};
+template <class A, class B>
+DoubleSum double_sum(double start, index_t k, A a, B b) {
+  DoubleSum sum{start, std::abs(start)};
+  for (index_t p = 0; p < k; ++p) {
+    const double term = static_cast<double>(a(p)) * static_cast<double>(b(p));
+    sum.value += term;
+    sum.magnitude += std::abs(term);
+  }
+  return sum;
+}
+
 TYPED_TEST(InPlaceKernels, ScoresMatchGenericBitwiseAndDouble) {
   using E = TypeParam;
   std::mt19937 rng(3);
@@ -69,14 +85,10 @@ TYPED_TEST(InPlaceKernels, ScoresMatchGenericBitwiseAndDouble) {
             ASSERT_EQ(std::memcmp(&got, &want[static_cast<std::size_t>(i * (n + 2) + j)], sizeof(float)), 0)
                 << native::name << " m " << m << " n " << n << " k " << k;
 #endif
-            double ref = 0, mag = 0;
-            for (index_t p = 0; p < k; ++p) {
-              const double term = static_cast<double>(a[static_cast<std::size_t>(i * (k + 3) + p)]) *
-                                  static_cast<double>(to_float(keys.rows[static_cast<std::size_t>(j)][p]));
-              ref += term;
-              mag += std::abs(term);
-            }
-            ASSERT_NEAR(got, ref, 1e-6 * (mag + 1)) << "m " << m << " n " << n << " k " << k;
+            const DoubleSum ref = double_sum(
+                0, k, [&](index_t p) { return a[static_cast<std::size_t>(i * (k + 3) + p)]; },
+                [&](index_t p) { return to_float(keys.rows[static_cast<std::size_t>(j)][p]); });
+            ASSERT_NEAR(got, ref.value, 1e-6 * (ref.magnitude + 1)) << "m " << m << " n " << n << " k " << k;
           }
       }
 }
@@ -106,14 +118,10 @@ TYPED_TEST(InPlaceKernels, ValuesMatchGenericBitwiseAndDouble) {
 #if defined(__FMA__)
             ASSERT_EQ(std::memcmp(&c[at], &want[at], sizeof(float)), 0) << native::name << " m " << m << " n " << n << " k " << k;
 #endif
-            double ref = start[at], mag = std::abs(start[at]);
-            for (index_t p = 0; p < k; ++p) {
-              const double term = static_cast<double>(a[static_cast<std::size_t>(i * (k + 1) + p)]) *
-                                  static_cast<double>(to_float(values.rows[static_cast<std::size_t>(p)][j]));
-              ref += term;
-              mag += std::abs(term);
-            }
-            ASSERT_NEAR(c[at], ref, 1e-6 * (mag + 1));
+            const DoubleSum ref = double_sum(
+                start[at], k, [&](index_t p) { return a[static_cast<std::size_t>(i * (k + 1) + p)]; },
+                [&](index_t p) { return to_float(values.rows[static_cast<std::size_t>(p)][j]); });
+            ASSERT_NEAR(c[at], ref.value, 1e-6 * (ref.magnitude + 1));
           }
       }
 }
@@ -158,6 +166,8 @@ TEST(InPlacePairKernels, ScoresMatchGenericBitwiseAndDouble) {
       for (index_t k : {1, 15, 31, 32, 33, 64, 80, 128, 130, 576}) {
         ScatteredRows<bf16> keys(n, k, rng);
         const PairRows q(m, k, rng);
+        SCOPED_TRACE(std::string(native_name()) + " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+                     std::to_string(k));
         std::vector<float> c(static_cast<std::size_t>(m * (n + 2)), -7.0f), want(c);
         native::gemm_nt_rows_pairs(m, n, k, q.pairs.data(), q.lda, keys.rows.data(), c.data(), n + 2);
         generic::gemm_nt_rows_pairs(m, n, k, q.pairs.data(), q.lda, keys.rows.data(), want.data(), n + 2);
@@ -168,17 +178,12 @@ TEST(InPlacePairKernels, ScoresMatchGenericBitwiseAndDouble) {
               ASSERT_EQ(c[at], -7.0f) << "wrote past column n";
               continue;
             }
-            double ref = 0, mag = 0;
-            for (index_t p = 0; p < k; ++p) {
-              const double term = static_cast<double>(q.values[static_cast<std::size_t>(i * k + p)]) *
-                                  static_cast<double>(to_float(keys.rows[static_cast<std::size_t>(j)][p]));
-              ref += term;
-              mag += std::abs(term);
-            }
-            SCOPED_TRACE(std::string(native_name()) + " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
-                         std::to_string(k));
-            expect_generics(c[at], want[at], k, mag);
-            ASSERT_NEAR(c[at], ref, (pairs_on_tiles() ? 1e-5 : 1e-6) * (mag + 1));
+            const DoubleSum ref = double_sum(
+                0, k, [&](index_t p) { return q.values[static_cast<std::size_t>(i * k + p)]; },
+                [&](index_t p) { return to_float(keys.rows[static_cast<std::size_t>(j)][p]); });
+            ASSERT_NO_FATAL_FAILURE(expect_generics(c[at], want[at], k, ref.magnitude)) << "i " << i << " j " << j;
+            ASSERT_NEAR(c[at], ref.value, (pairs_on_tiles() ? 1e-5 : 1e-6) * (ref.magnitude + 1))
+                << "i " << i << " j " << j;
           }
       }
 }
@@ -196,6 +201,8 @@ TEST(InPlacePairKernels, ValuesMatchGenericBitwiseAndDouble) {
         std::vector<float> c(static_cast<std::size_t>(m * (n + 3)));
         for (auto& x : c) x = normal(rng);
         std::vector<float> want(c), start(c);
+        SCOPED_TRACE(std::string(native_name()) + " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
+                     std::to_string(k));
         native::gemm_rows_pairs(m, n, k, p.pairs.data(), p.lda, values.rows.data(), c.data(), n + 3);
         generic::gemm_rows_pairs(m, n, k, p.pairs.data(), p.lda, values.rows.data(), want.data(), n + 3);
         for (index_t i = 0; i < m; ++i)
@@ -205,17 +212,12 @@ TEST(InPlacePairKernels, ValuesMatchGenericBitwiseAndDouble) {
               ASSERT_EQ(c[at], start[at]) << "wrote past column n";
               continue;
             }
-            double ref = start[at], mag = std::abs(start[at]);
-            for (index_t r = 0; r < k; ++r) {
-              const double term = static_cast<double>(p.values[static_cast<std::size_t>(i * k + r)]) *
-                                  static_cast<double>(to_float(values.rows[static_cast<std::size_t>(r)][j]));
-              ref += term;
-              mag += std::abs(term);
-            }
-            SCOPED_TRACE(std::string(native_name()) + " j " + std::to_string(j) + " m " + std::to_string(m) + " n " + std::to_string(n) + " k " +
-                         std::to_string(k));
-            expect_generics(c[at], want[at], k, mag);
-            ASSERT_NEAR(c[at], ref, (pairs_on_tiles() ? 1e-5 : 1e-6) * (mag + 1));
+            const DoubleSum ref = double_sum(
+                start[at], k, [&](index_t r) { return p.values[static_cast<std::size_t>(i * k + r)]; },
+                [&](index_t r) { return to_float(values.rows[static_cast<std::size_t>(r)][j]); });
+            ASSERT_NO_FATAL_FAILURE(expect_generics(c[at], want[at], k, ref.magnitude)) << "i " << i << " j " << j;
+            ASSERT_NEAR(c[at], ref.value, (pairs_on_tiles() ? 1e-5 : 1e-6) * (ref.magnitude + 1))
+                << "i " << i << " j " << j;
           }
       }
 }

@@ -396,18 +396,24 @@ struct TileSession {
 /// panels; fewer rows read B in place). Tests and benchmarks change it to compare both paths.
 inline std::atomic<index_t> pack_min_rows{128};
 
-/// Per-thread storage for the packed B, grown to the largest call's chunk (its pairs of K,
-/// at most transposed_depth, by its columns, both in whole tiles).
-inline std::uint32_t* packed_b_storage(index_t elements) {
+/// What a thread's tile operands made in memory are for (tile_storage): a gemm's packed B,
+/// and a decode step's Q^T tiles, V's rows interleaved into pairs and P's padded tiles.
+enum class Scratch { packed_b, queries_t, value_pairs, probabilities, count };
+
+/// Per-thread storage of `elements` 32-bit values, 64-byte aligned, one buffer per use, each
+/// grown to the largest call's (the packed B: a chunk's pairs of K, at most transposed_depth,
+/// by its columns, both in whole tiles).
+inline std::uint32_t* tile_storage(Scratch use, index_t elements) {
   struct Storage {
     std::uint32_t* data = nullptr;
     index_t size = 0;
     ~Storage() { std::free(data); }
   };
-  thread_local Storage s;
+  thread_local Storage storage[static_cast<int>(Scratch::count)];
+  Storage& s = storage[static_cast<int>(use)];
   if (s.size < elements) {
     std::free(s.data);
-    s.data = static_cast<std::uint32_t*>(std::aligned_alloc(64, static_cast<std::size_t>(elements) * 4));
+    s.data = static_cast<std::uint32_t*>(std::aligned_alloc(64, static_cast<std::size_t>(elements + 15) / 16 * 64));
     if (s.data == nullptr) throw std::bad_alloc();
     s.size = elements;
   }
@@ -425,7 +431,7 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
   const bool pack = m >= pack_min_rows.load(std::memory_order_relaxed);
   const index_t n_pad = (n + dim - 1) / dim * dim;
   const index_t depth_pad = ((k < transposed_depth ? k : transposed_depth) + dim - 1) / dim * dim;
-  std::uint32_t* packed = pack ? packed_b_storage(depth_pad * n_pad) : nullptr;
+  std::uint32_t* packed = pack ? tile_storage(Scratch::packed_b, depth_pad * n_pad) : nullptr;
   alignas(64) std::uint32_t panel[TransA ? 2 * dim * transposed_depth : 1];
   for (index_t p = 0; p < k; p += transposed_depth) {
     const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
@@ -549,23 +555,10 @@ inline index_t even_stride_bytes(const bf16* const* rows) {
   return step > 0 ? static_cast<index_t>(step) * 2 : 0;
 }
 
-/// Per-thread scratch of `bytes`, 64-byte aligned, grown to the largest call's (Q^T's tiles
-/// of a decode step; V's rows interleaved into pairs).
-inline void* row_product_storage(std::size_t bytes, int slot) {
-  struct Storage {
-    void* data = nullptr;
-    std::size_t size = 0;
-    ~Storage() { std::free(data); }
-  };
-  thread_local Storage s[3];
-  Storage& t = s[slot];
-  if (t.size < bytes) {
-    std::free(t.data);
-    t.data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (t.data == nullptr) throw std::bad_alloc();
-    t.size = bytes;
-  }
-  return t.data;
+/// (0, step, 2 step, ..., 15 step): the 32-bit lane offsets of a gather down a column.
+inline __m512i lane_multiples(index_t step) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int>(step)));
 }
 
 /// The 32 values [p0, p0 + 32) of 16 key rows (fewer than 16: zero rows after) as A tile 4:
@@ -574,8 +567,7 @@ inline void* row_product_storage(std::size_t bytes, int slot) {
 TILEATTN_AMX_TARGET inline void key_rows_load(const bf16* const* rows, index_t nj, index_t stride, index_t p0,
                                               index_t k, std::uint32_t* buf) {
   if (stride > 0 && nj == dim && p0 + 2 * dim <= k) return tile_load<4>(rows[0] + p0, stride);
-  const index_t left = k - p0 < 2 * dim ? k - p0 : 2 * dim;
-  const __mmask32 m = left >= 32 ? ~__mmask32(0) : (__mmask32(1) << left) - 1;
+  const __mmask32 m = avx512::detail::first_halves(k - p0);
   for (index_t r = 0; r < dim; ++r)
     _mm512_store_si512(buf + dim * r, r < nj ? _mm512_maskz_loadu_epi16(m, rows[r] + p0) : _mm512_setzero_si512());
   tile_load<4>(buf, dim * 4);
@@ -593,8 +585,7 @@ TILEATTN_AMX_TARGET inline void scores_block(index_t m, index_t nj, index_t k, c
     tile_dot<0, 0>();
   }
   tile_store<0>(buf.c[0], dim * 4);
-  const __m512i column = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32(dim));
+  const __m512i column = lane_multiples(dim);
   const __mmask16 keys = lanes_mask(nj);
   for (index_t i = 0; i < m; ++i)  // S row i = column i of S^T
     _mm512_mask_storeu_ps(c + i * ldc, keys, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keys, column, buf.c[0] + i, 4));
@@ -611,11 +602,10 @@ TILEATTN_AMX_TARGET inline void tile_gemm_nt_rows_pairs(index_t m, index_t n, in
   [[maybe_unused]] detail::TileSession session;
   detail::EdgeBuffers buf;
   const index_t dim = detail::dim, steps = (k + 2 * dim - 1) / (2 * dim), pairs = (k + 1) / 2;
-  auto* qt = static_cast<std::uint32_t*>(detail::row_product_storage(static_cast<std::size_t>(steps * dim * dim) * 4, 0));
+  std::uint32_t* qt = detail::tile_storage(detail::Scratch::queries_t, steps * dim * dim);
+  const __m512i row_at = detail::lane_multiples(lda);
   for (index_t i0 = 0; i0 < m; i0 += dim) {
     const index_t mi = m - i0 < dim ? m - i0 : dim;
-    const __m512i row_at = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(static_cast<int>(lda)));
     const __mmask16 rows_in = detail::lanes_mask(mi);
     for (index_t p = 0; p < steps * dim; ++p)  // qt[p / 16][p % 16][i] = pair p of query row i0 + i
       _mm512_store_si512(qt + p * dim, p < pairs ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows_in, row_at,
@@ -640,13 +630,13 @@ TILEATTN_AMX_TARGET inline void tile_gemm_rows_pairs(index_t m, index_t n, index
   // V's rows interleaved into pairs for 64 columns: vt[b][t][p][j] = (v[2q][16t + j], v[2q + 1][16t + j]),
   // q = 16 (q0 + b) + p; made for `blocks` pair blocks at a time, so that the tile loads come
   // well after the stores that made them.
-  auto* vt = static_cast<std::uint32_t*>(detail::row_product_storage(blocks * 4 * dim * dim * 4, 1));
+  std::uint32_t* vt = detail::tile_storage(detail::Scratch::value_pairs, blocks * 4 * dim * dim);
   const __m512i lo = _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003, 0x00240004, 0x00250005,
                                        0x00260006, 0x00270007, 0x00280008, 0x00290009, 0x002a000a, 0x002b000b,
                                        0x002c000c, 0x002d000d, 0x002e000e, 0x002f000f);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   const index_t a_blocks = (pairs + dim - 1) / dim;
-  auto* pa = static_cast<std::uint32_t*>(detail::row_product_storage(static_cast<std::size_t>(a_blocks * dim * dim) * 4, 2));
+  std::uint32_t* pa = detail::tile_storage(detail::Scratch::probabilities, a_blocks * dim * dim);
   for (index_t i0 = 0; i0 < m; i0 += dim) {
     const index_t mi = m - i0 < dim ? m - i0 : dim;
     for (index_t q0 = 0; q0 < pairs; q0 += dim)  // P's A tiles, zero-padded once for every column group
@@ -657,8 +647,7 @@ TILEATTN_AMX_TARGET inline void tile_gemm_rows_pairs(index_t m, index_t n, index
       float* o = c + i0 * ldc + j0;
       const detail::CTile t[4] = {{o, mi, tile_cols(0)}, {o + dim, mi, tile_cols(1)}, {o + 2 * dim, mi, tile_cols(2)},
                                   {o + 3 * dim, mi, tile_cols(3)}};
-      const __mmask32 m0 = cols >= 32 ? ~__mmask32(0) : (__mmask32(1) << cols) - 1;
-      const __mmask32 m1 = cols >= 64 ? ~__mmask32(0) : cols > 32 ? (__mmask32(1) << (cols - 32)) - 1 : 0;
+      const __mmask32 m0 = avx512::detail::first_halves(cols), m1 = avx512::detail::first_halves(cols > 32 ? cols - 32 : 0);
       detail::c_begin<0, 0>(t[0], ldc, true, buf);
       detail::c_begin<0, 1>(t[1], ldc, true, buf);
       detail::c_begin<1, 0>(t[2], ldc, true, buf);

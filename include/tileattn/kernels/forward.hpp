@@ -362,7 +362,7 @@ template <class T, class KV>
 std::size_t in_place_bytes_of(const ForwardParams<T, KV>& p, const TilePlan& plan, const ForwardWorkList& work) {
   const index_t heads = work.kv_heads_per_item();  // float and pair items may both run: the larger
   const std::size_t floats = in_place_item_bytes<KV, float>(plan, p.head_dim(), p.head_dim_v(), heads);
-  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>)
+  if constexpr (in_place_pairs_possible<T, KV>)
     if (in_place_pairs_for<T, KV>(in_place_max_rows))
       return std::max(floats, in_place_item_bytes<KV, bf16x2>(plan, p.head_dim(), p.head_dim_v(), heads));
   return floats;

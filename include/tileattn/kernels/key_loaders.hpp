@@ -98,6 +98,10 @@ struct InPlaceTiles {
   }
 };
 
+/// Whether Q of T with K/V of KV may be multiplied as bf16 pairs in place: both bf16.
+template <class T, class KV>
+inline constexpr bool in_place_pairs_possible = std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>;
+
 /// Whether in-place items whose K/V group has `group_rows` query rows (the group's heads
 /// times the sequence's new tokens) multiply bf16 pairs: where Q and K/V are bf16 and the
 /// micro-kernel set multiplies pairs with rows in place from that many rows
@@ -106,17 +110,15 @@ struct InPlaceTiles {
 /// depends on the types, the CPU and the sequence's shape, never on the tiling or threads.
 template <class T, class KV>
 bool in_place_pairs_for(index_t group_rows) {
-  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>)
-    return arch::set_detail::value(arch::native::in_place_pairs) &&
-           group_rows >= arch::set_detail::value(arch::native::in_place_pairs_min_rows);
-  return false;
+  return in_place_pairs_possible<T, KV> && arch::set_detail::value(arch::native::in_place_pairs) &&
+         group_rows >= arch::set_detail::value(arch::native::in_place_pairs_min_rows);
 }
 
 /// f(std::type_identity<Op>{}) for the operand type of the Q and P of an in-place item whose
 /// K/V group has `group_rows` query rows: bf16x2 where in_place_pairs_for, else float.
 template <class T, class KV, class F>
 decltype(auto) with_in_place_operand(index_t group_rows, F&& f) {
-  if constexpr (std::is_same_v<T, bf16> && std::is_same_v<KV, bf16>)
+  if constexpr (in_place_pairs_possible<T, KV>)
     if (in_place_pairs_for<T, KV>(group_rows)) return f(std::type_identity<bf16x2>{});
   return f(std::type_identity<float>{});
 }

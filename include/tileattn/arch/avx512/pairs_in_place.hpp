@@ -120,21 +120,13 @@ inline void gemm_rows_pairs_block(index_t k, const bf16x2* a, index_t lda, const
 }
 }  // namespace detail
 
-/// generic::gemm_nt_rows_pairs on vdpbf16ps: blocks of 4 rows x 4 keys, then 2 x 8, 1 x 8.
+/// generic::gemm_nt_rows_pairs on vdpbf16ps, in gemm_nt_rows' blocks (for_each_nt_block).
 inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
                                const bf16* const* b_rows, float* c, index_t ldc) {
-  for (index_t j0 = 0; j0 < n; j0 += 8) {
-    const index_t nj = n - j0 < 8 ? n - j0 : 8;
-    const bf16* rows[8];
-    for (index_t j = 0; j < 8; ++j) rows[j] = b_rows[j0 + (j < nj ? j : 0)];  // a real row stands in past n
-    index_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      detail::gemm_nt_pairs_block<4, 4>(k, a + i * lda, lda, rows, nj < 4 ? nj : 4, c + i * ldc + j0, ldc);
-      if (nj > 4) detail::gemm_nt_pairs_block<4, 4>(k, a + i * lda, lda, rows + 4, nj - 4, c + i * ldc + j0 + 4, ldc);
-    }
-    for (; i + 2 <= m; i += 2) detail::gemm_nt_pairs_block<2, 8>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
-    if (i < m) detail::gemm_nt_pairs_block<1, 8>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
-  }
+  detail::for_each_nt_block(m, n, b_rows,
+                            [&]<int Rows, int Keys>(index_t i, index_t j, const bf16* const* rows, index_t nj) {
+    detail::gemm_nt_pairs_block<Rows, Keys>(k, a + i * lda, lda, rows, nj, c + i * ldc + j, ldc);
+  });
 }
 
 /// generic::gemm_rows_pairs on vdpbf16ps: 64 columns at a time, blocks of 4, 2 and 1 rows.

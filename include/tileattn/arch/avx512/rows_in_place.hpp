@@ -67,6 +67,27 @@ inline void gemm_nt_block(index_t k, const float* a, index_t lda, const E* const
     _mm512_mask_storeu_ps(c + r * ldc - r * Keys, static_cast<__mmask16>(keys << (r * Keys)), sums);
 }
 
+/// The blocks of C (M x N) = A B^T over key rows b_rows[0..n): 4 rows of A x 4 keys, then
+/// 2 x 8 and 1 x 8, each a call block.template operator()<Rows, Keys>(i, j, rows, nj) for
+/// A's rows from i and the nj keys rows[0..nj) from j (a real row stands in past n, so
+/// that a block always reads Keys rows). The products over converted rows and over bf16
+/// pairs (pairs_in_place.hpp) share it.
+template <class E, class Block>
+inline void for_each_nt_block(index_t m, index_t n, const E* const* b_rows, Block&& block) {
+  for (index_t j0 = 0; j0 < n; j0 += 8) {
+    const index_t nj = n - j0 < 8 ? n - j0 : 8;
+    const E* rows[8];
+    for (index_t j = 0; j < 8; ++j) rows[j] = b_rows[j0 + (j < nj ? j : 0)];
+    index_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      block.template operator()<4, 4>(i, j0, rows, nj < 4 ? nj : 4);
+      if (nj > 4) block.template operator()<4, 4>(i, j0 + 4, rows + 4, nj - 4);
+    }
+    for (; i + 2 <= m; i += 2) block.template operator()<2, 8>(i, j0, rows, nj);
+    if (i < m) block.template operator()<1, 8>(i, j0, rows, nj);
+  }
+}
+
 /// C (Rows x Vectors*16, the last vector limited to `last`) += A B with B's row p at
 /// b_rows[p] + col0 (E converted to float as it is loaded): gemm_block's loop over rows
 /// that lie anywhere, so the sums run in the same order.
@@ -146,18 +167,10 @@ inline void touch_rows(const void* const* rows, index_t n, index_t bytes) {
 template <class E>
 void gemm_nt_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows,
                   float* c, index_t ldc) {
-  for (index_t j0 = 0; j0 < n; j0 += 8) {
-    const index_t nj = n - j0 < 8 ? n - j0 : 8;
-    const E* rows[8];
-    for (index_t j = 0; j < 8; ++j) rows[j] = b_rows[j0 + (j < nj ? j : 0)];  // a real row stands in past n
-    index_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      detail::gemm_nt_block<4, 4>(k, a + i * lda, lda, rows, nj < 4 ? nj : 4, c + i * ldc + j0, ldc);
-      if (nj > 4) detail::gemm_nt_block<4, 4>(k, a + i * lda, lda, rows + 4, nj - 4, c + i * ldc + j0 + 4, ldc);
-    }
-    for (; i + 2 <= m; i += 2) detail::gemm_nt_block<2, 8>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
-    if (i < m) detail::gemm_nt_block<1, 8>(k, a + i * lda, lda, rows, nj, c + i * ldc + j0, ldc);
-  }
+  detail::for_each_nt_block(m, n, b_rows,
+                            [&]<int Rows, int Keys>(index_t i, index_t j, const E* const* rows, index_t nj) {
+    detail::gemm_nt_block<Rows, Keys>(k, a + i * lda, lda, rows, nj, c + i * ldc + j, ldc);
+  });
 }
 
 /// C (M x N) += A (M x K) * B, B's row p at b_rows[p] (N elements, float, bf16, fp16 or 8-bit,
