@@ -370,8 +370,7 @@ TEST(AmxKernels, Bf16DecodeOnPagesOfAnySizeIsTheContiguousForwardBitwise) {
                      make_thd<const bf16>(v_all.data(), cu_k.back(), s.heads_kv, s.dv()),
                      make_thd(o.data(), cu_q.back(), s.heads_q, s.dv()), PackedLseView{},
                      VarlenSequences{cu_q, cu_k, q_len, 1001}, opt);
-      for (std::size_t e = 0; e < o.size(); ++e)
-        ASSERT_EQ(o[e].bits, batch.o[e].bits) << "element " << e;
+      for (std::size_t e = 0; e < o.size(); ++e) ASSERT_EQ(o[e].bits, batch.o[e].bits) << "element " << e;
     }
 }
 
@@ -414,14 +413,16 @@ TEST(AmxKernels, Bf16DecodeChoosesTilesByGroupRowsPerSequence) {
   opt.causal = true;
   const auto run_all = [&] {
     std::vector<bf16> o(q_all.size());
-    forward_varlen(make_thd<const bf16>(q_all.data(), cu_q.back(), hq, d), make_thd<const bf16>(k_all.data(), cu_k.back(), hkv, d),
+    forward_varlen(make_thd<const bf16>(q_all.data(), cu_q.back(), hq, d),
+                   make_thd<const bf16>(k_all.data(), cu_k.back(), hkv, d),
                    make_thd<const bf16>(v_all.data(), cu_k.back(), hkv, d), make_thd(o.data(), cu_q.back(), hq, d),
                    PackedLseView{}, VarlenSequences{cu_q, cu_k, 3, 1001}, opt);
     return o;
   };
   const auto run_one = [&](std::size_t b) {
     std::vector<bf16> o(q[b].size());
-    forward(make_bshd<const bf16>(q[b].data(), 1, q_lens[b], hq, d), make_bshd<const bf16>(k[b].data(), 1, k_lens[b], hkv, d),
+    forward(make_bshd<const bf16>(q[b].data(), 1, q_lens[b], hq, d),
+            make_bshd<const bf16>(k[b].data(), 1, k_lens[b], hkv, d),
             make_bshd<const bf16>(v[b].data(), 1, k_lens[b], hkv, d), make_bshd(o.data(), 1, q_lens[b], hq, d), opt);
     return o;
   };

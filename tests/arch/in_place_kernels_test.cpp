@@ -153,8 +153,10 @@ bool pairs_on_tiles() { return std::string(native_name()).find("amx") != std::st
 /// got equals generic's `want` bitwise (vdpbf16ps, generic's steps bit for bit on normal
 /// values) or, on tiles, within k fp32 roundings of the magnitude.
 void expect_generics(float got, float want, index_t k, double mag) {
-  if (pairs_on_tiles()) ASSERT_NEAR(got, want, (k + 2) * 0x1p-23 * (mag + 1));
-  else ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0);
+  if (pairs_on_tiles())
+    ASSERT_NEAR(got, want, (k + 2) * 0x1p-23 * (mag + 1));
+  else
+    ASSERT_EQ(std::memcmp(&got, &want, sizeof(float)), 0);
 }
 
 TEST(InPlacePairKernels, ScoresMatchGenericBitwiseAndDouble) {

@@ -588,7 +588,8 @@ TILEATTN_AMX_TARGET inline void scores_block(index_t m, index_t nj, index_t k, c
   const __m512i column = lane_multiples(dim);
   const __mmask16 keys = lanes_mask(nj);
   for (index_t i = 0; i < m; ++i)  // S row i = column i of S^T
-    _mm512_mask_storeu_ps(c + i * ldc, keys, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keys, column, buf.c[0] + i, 4));
+    _mm512_mask_storeu_ps(c + i * ldc, keys,
+                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), keys, column, buf.c[0] + i, 4));
 }
 }  // namespace detail
 
@@ -596,9 +597,8 @@ TILEATTN_AMX_TARGET inline void scores_block(index_t m, index_t nj, index_t k, c
 /// K Q^T, 16 keys at a time, each A tile 16 key rows read where they lie (16 keys of a page,
 /// evenly spaced) or copied, each B tile Q^T's 16 pairs of 16 query rows (built once per
 /// call). Sums as tdpbf16ps makes them, per 32 values of k in order: not generic's bits.
-TILEATTN_AMX_TARGET inline void tile_gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a,
-                                                        index_t lda, const bf16* const* b_rows, float* c,
-                                                        index_t ldc) {
+TILEATTN_AMX_TARGET inline void tile_gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                                                        const bf16* const* b_rows, float* c, index_t ldc) {
   [[maybe_unused]] detail::TileSession session;
   detail::EdgeBuffers buf;
   const index_t dim = detail::dim, steps = (k + 2 * dim - 1) / (2 * dim), pairs = (k + 1) / 2;
@@ -609,7 +609,7 @@ TILEATTN_AMX_TARGET inline void tile_gemm_nt_rows_pairs(index_t m, index_t n, in
     const __mmask16 rows_in = detail::lanes_mask(mi);
     for (index_t p = 0; p < steps * dim; ++p)  // qt[p / 16][p % 16][i] = pair p of query row i0 + i
       _mm512_store_si512(qt + p * dim, p < pairs ? _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows_in, row_at,
-                                                                              a + i0 * lda + p, 4)
+                                                                               a + i0 * lda + p, 4)
                                                  : _mm512_setzero_si512());
     for (index_t j0 = 0; j0 < n; j0 += dim)
       detail::scores_block(mi, n - j0 < dim ? n - j0 : dim, k, qt, b_rows + j0, c + i0 * ldc + j0, ldc, buf);
@@ -631,9 +631,9 @@ TILEATTN_AMX_TARGET inline void tile_gemm_rows_pairs(index_t m, index_t n, index
   // q = 16 (q0 + b) + p; made for `blocks` pair blocks at a time, so that the tile loads come
   // well after the stores that made them.
   std::uint32_t* vt = detail::tile_storage(detail::Scratch::value_pairs, blocks * 4 * dim * dim);
-  const __m512i lo = _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003, 0x00240004, 0x00250005,
-                                       0x00260006, 0x00270007, 0x00280008, 0x00290009, 0x002a000a, 0x002b000b,
-                                       0x002c000c, 0x002d000d, 0x002e000e, 0x002f000f);
+  const __m512i lo =
+      _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003, 0x00240004, 0x00250005, 0x00260006, 0x00270007,
+                        0x00280008, 0x00290009, 0x002a000a, 0x002b000b, 0x002c000c, 0x002d000d, 0x002e000e, 0x002f000f);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   const index_t a_blocks = (pairs + dim - 1) / dim;
   std::uint32_t* pa = detail::tile_storage(detail::Scratch::probabilities, a_blocks * dim * dim);
@@ -643,11 +643,16 @@ TILEATTN_AMX_TARGET inline void tile_gemm_rows_pairs(index_t m, index_t n, index
       detail::pad_block(a + i0 * lda + q0, lda, mi, pairs - q0 < dim ? pairs - q0 : dim, pa + q0 * dim);
     for (index_t j0 = 0; j0 < n; j0 += 4 * dim) {
       const index_t cols = n - j0 < 4 * dim ? n - j0 : 4 * dim;
-      const auto tile_cols = [&](index_t t) { return cols <= t * dim ? 0 : cols - t * dim < dim ? cols - t * dim : dim; };
+      const auto tile_cols = [&](index_t t) {
+        return cols <= t * dim ? 0 : cols - t * dim < dim ? cols - t * dim : dim;
+      };
       float* o = c + i0 * ldc + j0;
-      const detail::CTile t[4] = {{o, mi, tile_cols(0)}, {o + dim, mi, tile_cols(1)}, {o + 2 * dim, mi, tile_cols(2)},
+      const detail::CTile t[4] = {{o, mi, tile_cols(0)},
+                                  {o + dim, mi, tile_cols(1)},
+                                  {o + 2 * dim, mi, tile_cols(2)},
                                   {o + 3 * dim, mi, tile_cols(3)}};
-      const __mmask32 m0 = avx512::detail::first_halves(cols), m1 = avx512::detail::first_halves(cols > 32 ? cols - 32 : 0);
+      const __mmask32 m0 = avx512::detail::first_halves(cols),
+                      m1 = avx512::detail::first_halves(cols > 32 ? cols - 32 : 0);
       detail::c_begin<0, 0>(t[0], ldc, true, buf);
       detail::c_begin<0, 1>(t[1], ldc, true, buf);
       detail::c_begin<1, 0>(t[2], ldc, true, buf);
@@ -660,7 +665,8 @@ TILEATTN_AMX_TARGET inline void tile_gemm_rows_pairs(index_t m, index_t n, index
             const index_t r = 2 * (g0 + q);
             x0 = _mm512_maskz_loadu_epi16(m0, b_rows[r] + j0), x1 = _mm512_maskz_loadu_epi16(m1, b_rows[r] + j0 + 32);
             if (r + 1 < k)
-              y0 = _mm512_maskz_loadu_epi16(m0, b_rows[r + 1] + j0), y1 = _mm512_maskz_loadu_epi16(m1, b_rows[r + 1] + j0 + 32);
+              y0 = _mm512_maskz_loadu_epi16(m0, b_rows[r + 1] + j0),
+              y1 = _mm512_maskz_loadu_epi16(m1, b_rows[r + 1] + j0 + 32);
           }
           std::uint32_t* row = vt + (q / dim) * 4 * dim * dim + (q % dim) * dim;
           _mm512_store_si512(row, _mm512_permutex2var_epi16(x0, lo, y0));
@@ -692,13 +698,13 @@ TILEATTN_AMX_TARGET inline void tile_gemm_rows_pairs(index_t m, index_t n, index
 
 /// A decode step's in-place products on pairs: on the tiles where they are in use, else
 /// avx512's (vdpbf16ps).
-inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
-                               const bf16* const* b_rows, float* c, index_t ldc) {
+inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16* const* b_rows,
+                               float* c, index_t ldc) {
   if (m > 0 && n > 0 && tiles_in_use()) return tile_gemm_nt_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
   avx512::gemm_nt_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
 }
-inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
-                            const bf16* const* b_rows, float* c, index_t ldc) {
+inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16* const* b_rows,
+                            float* c, index_t ldc) {
   if (m > 0 && n > 0 && k > 0 && tiles_in_use()) return tile_gemm_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
   avx512::gemm_rows_pairs(m, n, k, a, lda, b_rows, c, ldc);
 }

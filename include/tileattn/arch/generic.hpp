@@ -154,8 +154,8 @@ inline constexpr index_t in_place_pairs_min_rows = 1;
 /// anywhere in memory): Q K^T on pairs with the keys read in place. Pair p of a dot product
 /// goes to lane p mod 16 in steps of detail::step (as vdpbf16ps sums it), then the lanes sum
 /// as dot_lanes_sum.
-inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
-                               const bf16* const* b_rows, float* c, index_t ldc) {
+inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16* const* b_rows,
+                               float* c, index_t ldc) {
   const bf16 zero{};
   for (index_t i = 0; i < m; ++i)
     for (index_t j = 0; j < n; ++j) {
@@ -172,8 +172,8 @@ inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a,
 /// half zero when K is odd) and B's row p at b_rows[p] (N bf16 values, anywhere in memory):
 /// P V on pairs with the values read in place, rows 2q and 2q + 1 paired (a zero row past
 /// the last), summed over the pairs in order.
-inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
-                            const bf16* const* b_rows, float* c, index_t ldc) {
+inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16* const* b_rows,
+                            float* c, index_t ldc) {
   const bf16 zero{};
   for (index_t i = 0; i < m; ++i)
     for (index_t q = 0; 2 * q < k; ++q)

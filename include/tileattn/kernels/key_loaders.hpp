@@ -347,7 +347,8 @@ class InPlaceLoader {
   index_t heads_[max_kv_heads_per_item];  // the heads that see the current tile
   index_t active_ = 0;
   struct NoScope {};
-  [[no_unique_address]] std::conditional_t<Tiles::pairs, ops::ProductScope, NoScope> products_;  // (AMX: one tile configuration)
+  // (AMX: one tile configuration for the item's pair products)
+  [[no_unique_address]] std::conditional_t<Tiles::pairs, ops::ProductScope, NoScope> products_;
 };
 
 }  // namespace tileattn::kernels

@@ -29,8 +29,8 @@ inline __m512 dot_pairs(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16
 /// (rows_in_place.hpp) sums them: lane l holds pairs p = l mod 16, then sum_lanes_16. The
 /// last 32 elements are loaded masked, Q's as 16-bit halves too, so a pad never enters.
 template <int Rows, int Keys>
-inline void gemm_nt_pairs_block(index_t k, const bf16x2* a, index_t lda, const bf16* const* rows, index_t nj,
-                                float* c, index_t ldc) {
+inline void gemm_nt_pairs_block(index_t k, const bf16x2* a, index_t lda, const bf16* const* rows, index_t nj, float* c,
+                                index_t ldc) {
   static_assert(Rows * Keys <= 16);
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -121,28 +121,30 @@ inline void gemm_rows_pairs_block(index_t k, const bf16x2* a, index_t lda, const
 }  // namespace detail
 
 /// generic::gemm_nt_rows_pairs on vdpbf16ps, in gemm_nt_rows' blocks (for_each_nt_block).
-inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
-                               const bf16* const* b_rows, float* c, index_t ldc) {
-  detail::for_each_nt_block(m, n, b_rows,
-                            [&]<int Rows, int Keys>(index_t i, index_t j, const bf16* const* rows, index_t nj) {
-    detail::gemm_nt_pairs_block<Rows, Keys>(k, a + i * lda, lda, rows, nj, c + i * ldc + j, ldc);
-  });
+inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16* const* b_rows,
+                               float* c, index_t ldc) {
+  detail::for_each_nt_block(
+      m, n, b_rows, [&]<int Rows, int Keys>(index_t i, index_t j, const bf16* const* rows, index_t nj) {
+        detail::gemm_nt_pairs_block<Rows, Keys>(k, a + i * lda, lda, rows, nj, c + i * ldc + j, ldc);
+      });
 }
 
 /// generic::gemm_rows_pairs on vdpbf16ps: 64 columns at a time, blocks of 4, 2 and 1 rows.
-inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
-                            const bf16* const* b_rows, float* c, index_t ldc) {
+inline void gemm_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const bf16* const* b_rows,
+                            float* c, index_t ldc) {
   for (index_t j = 0; j < n; j += 64) {
     const index_t cols = n - j < 64 ? n - j : 64;
     index_t i = 0;
-    for (; i + 4 <= m; i += 4) detail::gemm_rows_pairs_block<4>(k, a + i * lda, lda, b_rows, j, cols, c + i * ldc + j, ldc);
-    if (i + 2 <= m) detail::gemm_rows_pairs_block<2>(k, a + i * lda, lda, b_rows, j, cols, c + i * ldc + j, ldc), i += 2;
+    for (; i + 4 <= m; i += 4)
+      detail::gemm_rows_pairs_block<4>(k, a + i * lda, lda, b_rows, j, cols, c + i * ldc + j, ldc);
+    if (i + 2 <= m)
+      detail::gemm_rows_pairs_block<2>(k, a + i * lda, lda, b_rows, j, cols, c + i * ldc + j, ldc), i += 2;
     if (i < m) detail::gemm_rows_pairs_block<1>(k, a + i * lda, lda, b_rows, j, cols, c + i * ldc + j, ldc);
   }
 }
 #else
 inline constexpr bool in_place_pairs = false;
-using generic::in_place_pairs_min_rows;
 using generic::gemm_nt_rows_pairs;
 using generic::gemm_rows_pairs;
+using generic::in_place_pairs_min_rows;
 #endif
