@@ -1,17 +1,21 @@
-// tileattn/arch/exp2.hpp: the polynomial behind every SIMD 2^x, its coefficients and its
+// tileattn/arch/exp2.hpp: the polynomials behind every SIMD 2^x, their coefficients and their
 // stated accuracy, shared by the AVX2 and AVX-512 micro-kernels.
 //
-// Method. 2^x = 2^n * 2^f with n = round(x) and f = x - n in [-1/2, 1/2]; f is exact in
-// float for |x| < 2^23. 2^f comes from a degree-6 polynomial whose constant term is exactly
-// 1 (so 2^0 == 1: the row maximum always gets probability exactly 1), with coefficients
-// fitted by a relative-error Remez exchange on [-1/2, 1/2]: approximation error 3.9e-9,
-// far below float rounding, so what remains is the rounding of the Horner FMAs.
-// 2^n is applied in two exact power-of-two factors (or one vscalefps), so results in the
-// subnormal range [2^-149, 2^-126) are rounded once, as a correctly rounded exp2 would be.
+// Method. 2^x = 2^n * 2^f with n = floor(x) and f = x - n in [0, 1]. 2^f comes from a
+// polynomial whose constant term is exactly 1 (so 2^0 == 1: the row maximum always gets
+// probability exactly 1), with coefficients fitted for the least maximum relative error on
+// [0, 1] (a linear program over 40001 points); 2^n is applied in one step that rounds once,
+// also into the subnormals (vscalefps, which takes floor(x) itself; AVX2: two exact power-of-two
+// factors). On AVX-512 with DQ, f comes from one vreduceps and 2^n from vscalefps on x itself:
+// four instructions besides the polynomial's FMAs fewer than a rounding, a subtraction and
+// two clamps, and -inf, +inf and NaN come out as 0, +inf and NaN with no clamp. Elsewhere x
+// is clamped to [lowest_input, highest_input] first, so that f = x - n never becomes
+// inf - inf. f is exact but for x in (-1, 0), where x + 1 is rounded (2e-8 of relative error
+// at most).
 //
 // Stated accuracy (checked by tests/arch against std::exp2 in double over [-150, 0]):
 //   max relative error <= 1.2e-7 (1 ulp of 1.0) for 2^x >= 2^-126 (normal results);
-//   measured: 7.6e-8 on AVX2 and AVX-512 over 1.3 million points of [-150, 0];
+//   measured: 8.3e-8 over every float of [-2, 0) (AVX-512), approximation error 2.0e-9;
 //   subnormal results within 1 ulp of the subnormal spacing (2^-149);
 //   x <= -151 (including -inf) gives exactly +0; NaN stays NaN.
 // Inputs above 0 (the online softmax never asks for them) keep the same relative accuracy
@@ -20,27 +24,32 @@
 
 namespace tileattn::arch::exp2_poly {
 
-/// 2^f ~= 1 + f (c1 + f (c2 + f (c3 + f (c4 + f (c5 + f c6))))) for f in [-1/2, 1/2].
-inline constexpr float c1 = 6.9314722524e-01f;
-inline constexpr float c2 = 2.4022650870e-01f;
-inline constexpr float c3 = 5.5502975653e-02f;
-inline constexpr float c4 = 9.6180583163e-03f;
-inline constexpr float c5 = 1.3409920544e-03f;
-inline constexpr float c6 = 1.5461835406e-04f;
+/// 2^f ~= 1 + f (c1 + f (c2 + f (c3 + f (c4 + f (c5 + f c6))))) for f in [0, 1].
+inline constexpr float c1 = 6.9314704444e-01f;
+inline constexpr float c2 = 2.4022930555e-01f;
+inline constexpr float c3 = 5.5485280642e-02f;
+inline constexpr float c4 = 9.6754515130e-03f;
+inline constexpr float c5 = 1.2467846998e-03f;
+inline constexpr float c6 = 2.1612912892e-04f;
 
-/// A degree-4 fit for results that are rounded to bf16 right away (P in the bf16 dot-product
-/// path): max relative error 2.8e-6 on [-1/2, 1/2] (same fit, relative-error weighted),
-/// 1/1400 of bf16's half-ulp, for two FMAs less per vector.
+/// For results that are rounded to bf16 right away (P in the bf16 dot-product paths): a
+/// degree-4 fit, max relative error 3.0e-6 on [0, 1] (measured over every float of [-2, 0)),
+/// 1/650 of bf16's half-ulp, for two FMAs less per vector than the float fit. (Degree 3, at
+/// 8.6e-5, saves one more FMA, 1.5% of the forward on Zen 5, but the row sums carry its error
+/// into the float LSE: 4e-5 off where the tests allow 2e-5.) Results below 2^-126 are
+/// flushed to +0 (flush_below): bf16's conversion flushes them from the pairs anyway
+/// (vcvtne2ps2bf16), so the row sums stay the sums of what P V multiplies, and no subnormal
+/// float is ever made, which costs some CPUs a microcode assist per vector.
 namespace bf16_target {
-inline constexpr float c1 = 6.931241751e-01f;
-inline constexpr float c2 = 2.402409911e-01f;
-inline constexpr float c3 = 5.590642989e-02f;
-inline constexpr float c4 = 9.582852945e-03f;
+inline constexpr float c1 = 6.9304484490e-01f;
+inline constexpr float c2 = 2.4128020475e-01f;
+inline constexpr float c3 = 5.2242474224e-02f;
+inline constexpr float c4 = 1.3426684271e-02f;
+inline constexpr float flush_below = -126.0f;  // x < this: +0 (NaN stays NaN)
 }  // namespace bf16_target
 
-/// Inputs are clamped to [lowest_input, highest_input] before the reduction: 2^-151
-/// rounds to +0 and 2^128 overflows to +inf, and the clamp turns -inf and +inf into finite
-/// values, so f = x - n never becomes inf - inf.
+/// Where x is clamped before the reduction (AVX2, AVX-512 without DQ): 2^-151 rounds to +0
+/// and 2^128 overflows to +inf, and the clamp turns -inf and +inf into finite values.
 inline constexpr float lowest_input = -151.0f;
 inline constexpr float highest_input = 128.0f;
 

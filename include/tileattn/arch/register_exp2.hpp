@@ -5,21 +5,19 @@
 // set's namespace `detail`, under its target, after VecTraits (arch/register_gemm.hpp says
 // why). No include guard, no includes.
 //
-// Besides register_gemm.hpp's and register_rows.hpp's, a VecTraits V gives here: min(a, b),
-// sub(a, b), fmadd(a, b, c) (a b + c, one rounding), round_nearest(reg) and
-// times_power_of_two(p, n) (p * 2^n for integral n in [-151, 128], subnormal results rounded
-// once).
+// Besides register_gemm.hpp's and register_rows.hpp's, a VecTraits V gives here: fmadd(a,
+// b, c) (a b + c, one rounding); split_floor(x) -> {f, e}, f = x - floor(x) in [0, 1] and e
+// what times_two_to_floor takes for x; times_two_to_floor(p, e) = p * 2^floor(x), rounded
+// once (also into the subnormals), 0 for x = -inf, inf for x = +inf, NaN for NaN; and, for
+// the bf16 target, times_two_to_floor_normal(p, e, x): the same for x >= -126, +0 below (NaN
+// stays NaN).
 
-/// 2^x on V::lanes lanes. ForBf16: the degree-4 polynomial, for values rounded to bf16 next
-/// (exp2_poly::bf16_target); else the degree-6 one.
+/// 2^x on V::lanes lanes. ForBf16: the degree-4 polynomial, for values rounded to bf16 next,
+/// results below 2^-126 flushed to +0 (exp2_poly::bf16_target); else the degree-6 one.
 template <bool ForBf16 = false>
 inline typename VecTraits::reg exp2(typename VecTraits::reg x) {
   using V = VecTraits;
-  namespace c = exp2_poly;
-  x = V::max(V::set1(c::lowest_input), x);  // max(lo, NaN) keeps the NaN
-  x = V::min(V::set1(c::highest_input), x);
-  const typename V::reg n = V::round_nearest(x);
-  const typename V::reg f = V::sub(x, n);  // exact, in [-1/2, 1/2]
+  const auto [f, e] = V::split_floor(x);
   typename V::reg p;
   if constexpr (ForBf16) {
     namespace b = exp2_poly::bf16_target;
@@ -28,6 +26,7 @@ inline typename VecTraits::reg exp2(typename VecTraits::reg x) {
     p = V::fmadd(p, f, V::set1(b::c2));
     p = V::fmadd(p, f, V::set1(b::c1));
   } else {
+    namespace c = exp2_poly;
     p = V::set1(c::c6);
     p = V::fmadd(p, f, V::set1(c::c5));
     p = V::fmadd(p, f, V::set1(c::c4));
@@ -36,5 +35,6 @@ inline typename VecTraits::reg exp2(typename VecTraits::reg x) {
     p = V::fmadd(p, f, V::set1(c::c1));
   }
   p = V::fmadd(p, f, V::set1(1.0f));
-  return V::times_power_of_two(p, n);  // NaN lanes: p is NaN, so NaN out
+  if constexpr (ForBf16) return V::times_two_to_floor_normal(p, e, x);  // NaN lanes: p is NaN
+  else return V::times_two_to_floor(p, e);
 }

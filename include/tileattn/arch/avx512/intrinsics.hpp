@@ -19,6 +19,10 @@ inline __m512 min_ps(__m512 a, __m512 b) { return _mm512_maskz_min_ps(0xFFFF, a,
 inline __m512 scalef_ps(__m512 a, __m512 b) { return _mm512_maskz_scalef_ps(0xFFFF, a, b); }
 template <int Imm>
 __m512 roundscale_ps(__m512 a) { return _mm512_maskz_roundscale_ps(0xFFFF, a, Imm); }
+#if TILEATTN_AVX512_HAS_DQ
+template <int Imm>
+__m512 reduce_ps(__m512 a) { return _mm512_maskz_reduce_ps(0xFFFF, a, Imm); }
+#endif
 template <int Imm>
 __m512 shuffle_f32x4(__m512 a, __m512 b) { return _mm512_maskz_shuffle_f32x4(0xFFFF, a, b, Imm); }
 template <int Imm>
