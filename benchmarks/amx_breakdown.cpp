@@ -5,6 +5,7 @@
 // Standard library only (no Google Benchmark), so it builds on a bare machine:
 //   g++ -std=c++20 -O3 -march=native -fopenmp -Iinclude benchmarks/amx_breakdown.cpp -o amx_breakdown
 //   ./amx_breakdown [N]       # N (default 2048): the forward's sequence length, H 2, d 128
+//   H=16 D=64 ./amx_breakdown 512   # the whole forward's lines at other heads and head dims
 // Times: best of several runs in this thread's CPU time.
 #include <tileattn/tileattn.hpp>
 
@@ -153,6 +154,31 @@ int main(int argc, char** argv) {
                   100 * flops / qk * 1e-9 / amx_peak, flops / pv * 1e-9, 100 * flops / pv * 1e-9 / amx_peak,
                   (qk + pv) * 1e9 / (slab * panel));
     }
+    // S = Q K^T of a 64-row slab with A resident in the tiles (arch::amx::detail::resident_a,
+    // the default) against 32 x 32 blocks, at d 128 and 64: alternated 7 times, medians.
+    for (const index_t pairs_k : {index_t{64}, index_t{32}}) {
+      const auto qd = pairs(slab * pairs_k), kd = pairs(pairs_k * panel);
+      auto* kdp = static_cast<bf16x2*>(std::aligned_alloc(64, pairs_k * panel * sizeof(bf16x2)));
+      const tileattn::arch::PreparedPairs kdpp = amx::prepare_pairs(pairs_k, panel, kd.data(), panel, kdp);
+      std::vector<double> on, off;
+      amx::begin_products();
+      for (int rep = 0; rep < 7; ++rep)
+        for (const bool resident : {true, false}) {
+          amx::detail::resident_a = resident;
+          const double t = best_seconds([&] {
+            amx::gemm_prepared<false>(slab, panel, pairs_k, qd.data(), pairs_k, kdpp, s.data(), panel);
+          }, 1000, 3);
+          (resident ? on : off).push_back(4.0 * slab * panel * pairs_k / t * 1e-9);
+        }
+      amx::end_products();
+      amx::detail::resident_a = true;
+      std::sort(on.begin(), on.end());
+      std::sort(off.begin(), off.end());
+      std::printf("  slab 64 x panel 512, d %ld: S = Q K^T with A resident %.1f GFLOP/s (%.1f%% of the loop; "
+                  "%.1f-%.1f), 32 x 32 blocks %.1f (%.1f-%.1f): %.2fx\n", static_cast<long>(2 * pairs_k), on[3],
+                  100 * on[3] / amx_peak, on[0], on[6], off[3], off[0], off[6], on[3] / off[3]);
+      std::free(kdp);
+    }
     // The next step measured: a slab's softmax (row max, 2^x, sum, bf16 pairs, O rescaled)
     // issued two rows at a time between the next slab's 32 x 32 blocks of Q K^T, against
     // the same work one after the other. Two score buffers; P V after either way.
@@ -247,8 +273,9 @@ int main(int argc, char** argv) {
           }
     return 0;
   }
-  for (const bool causal : {false, true}) {  // the whole forward on one thread
-    const index_t h = 2, d = 128;
+  for (const bool causal : {false, true}) {  // the whole forward on one thread (H and D from the environment)
+    const index_t h = std::getenv("H") ? std::atol(std::getenv("H")) : 2;
+    const index_t d = std::getenv("D") ? std::atol(std::getenv("D")) : 128;
     std::vector<tileattn::bf16> q(seqlen * h * d), k(q.size()), v(q.size()), o(q.size());
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;

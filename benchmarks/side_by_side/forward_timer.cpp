@@ -9,7 +9,9 @@
 // bf16 products run on AMX tiles here.
 // Inputs are N(0, 1) from a fixed seed, rounded to the type; O is the type, no LSE. The fp32
 // line is the same as before the type argument; the others name their type after the threads.
-// BATCH=b (default 1) times b sequences of N. SLABS="0 32 64" and PANELS="128 512" (headers
+// BATCH=b (default 1) times b sequences of N. QSCALE=x multiplies Q by x before rounding (scores
+// x times as spread: 30 at d 128 puts most of a row's 2^x results below 2^-126, the rows
+// where subnormal floats cost a microcode assist each). SLABS="0 32 64" and PANELS="128 512" (headers
 // with AMX panels, arch/prepared_pairs.hpp) time each AMX slab height and panel width in turn
 // within every repeat, one line each ("slab 0": no panels, the whole tile at once), so their
 // ratios come from one run.
@@ -60,7 +62,9 @@ int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, in
   std::vector<T> q(batch * n * hq * d), k(batch * n * hkv * d), v(batch * n * hkv * d), o(q.size());
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
-  for (auto* x : {&q, &k, &v}) for (T& e : *x) e = round(nd(rng));
+  const float qscale = std::getenv("QSCALE") ? static_cast<float>(std::atof(std::getenv("QSCALE"))) : 1.0f;
+  for (auto* x : {&q, &k, &v})
+    for (T& e : *x) e = round(nd(rng) * (x == &q ? qscale : 1.0f));
   ForwardOptions opts;
   opts.causal = causal;
   opts.execution = {Backend::openmp, threads};
@@ -85,6 +89,7 @@ int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, in
     std::sort(s[i].begin(), s[i].end());
     char tag[64] = "";
     if (batch > 1) std::snprintf(tag, sizeof tag, " B %ld", batch);
+    if (qscale != 1.0f) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " Q x%g", qscale);
     if (runs[i].first >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " slab %ld", runs[i].first);
     if (runs[i].second >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " panel %ld", runs[i].second);
     std::printf("N %ld d %ld H %ld/%ld %s threads %2d%s%s%s: GFLOP/s median %7.1f min %7.1f max %7.1f\n", n, d, hq,

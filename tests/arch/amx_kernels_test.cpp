@@ -243,8 +243,11 @@ TEST(AmxGemm, PreparedOperandGivesTheGemmsBits) {
   struct Shape {
     index_t m, n, k;
   };
+  // Products from zero over at most 64 pairs keep A resident (arch::amx::detail::scores_a_resident):
+  // every step count (1 to 4, the last one partial or whole), rows and columns off the 16 grid.
   for (const Shape sh : {Shape{1, 1, 1}, Shape{17, 33, 5}, Shape{32, 128, 64}, Shape{45, 200, 70},
-                         Shape{128, 512, 64}, Shape{33, 16, 300}, Shape{70, 17, 257}}) {
+                         Shape{128, 512, 64}, Shape{33, 16, 300}, Shape{70, 17, 257}, Shape{20, 47, 40},
+                         Shape{3, 250, 33}, Shape{64, 512, 32}, Shape{31, 64, 16}, Shape{16, 15, 63}}) {
     SCOPED_TRACE(std::to_string(sh.m) + " x " + std::to_string(sh.n) + " x " + std::to_string(sh.k));
     const index_t lda = sh.k + 3, ldb = sh.n + 5, ldc = sh.n + 2;
     std::vector<bf16x2> a(static_cast<std::size_t>(sh.m * lda)), b(static_cast<std::size_t>(sh.k * ldb));

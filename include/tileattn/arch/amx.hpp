@@ -153,19 +153,24 @@ inline float emulated_bf16(std::uint32_t bits16) {
   const std::uint32_t x = (bits16 & 0x7f80u) == 0 ? bits16 & 0x8000u : bits16;  // DAZ
   return std::bit_cast<float>(x << 16);
 }
-template <int I, int J>
-inline void tile_dot() {
+/// Tile C += tile A times tile B.
+template <int C, int A, int B>
+inline void tile_dot_into() {
   auto& t = emulated_tiles().t;
   for (index_t m = 0; m < dim; ++m)
     for (index_t n = 0; n < dim; ++n) {
-      double sum = std::bit_cast<float>(t[2 * I + J][m][n]);
+      double sum = std::bit_cast<float>(t[C][m][n]);
       for (index_t k = 0; k < dim; ++k) {
-        const std::uint32_t a = t[4 + I][m][k], b = t[6 + J][k][n];
+        const std::uint32_t a = t[A][m][k], b = t[B][k][n];
         sum += double(emulated_bf16(a & 0xffffu)) * emulated_bf16(b & 0xffffu);
         sum += double(emulated_bf16(a >> 16)) * emulated_bf16(b >> 16);
       }
-      t[2 * I + J][m][n] = std::bit_cast<std::uint32_t>(static_cast<float>(sum));
+      t[C][m][n] = std::bit_cast<std::uint32_t>(static_cast<float>(sum));
     }
+}
+template <int I, int J>
+inline void tile_dot() {
+  tile_dot_into<2 * I + J, 4 + I, 6 + J>();
 }
 #else
 // Tile numbers must be literals in the intrinsics: one branch per tile, chosen at compile time.
@@ -205,6 +210,20 @@ TILEATTN_AMX_TARGET inline void tile_dot() {
   else if constexpr (I == 0 && J == 1) _tile_dpbf16ps(1, 4, 7);
   else if constexpr (I == 1 && J == 0) _tile_dpbf16ps(2, 5, 6);
   else _tile_dpbf16ps(3, 5, 7);
+}
+/// Tile C += tile A times tile B, for the resident-A schedule's tiles (scores_a_resident):
+/// C 0 or 1, A 4 to 7 (a step of K each), B 2 for A 4 and 6, 3 for A 5 and 7.
+template <int C, int A, int B>
+TILEATTN_AMX_TARGET inline void tile_dot_into() {
+  static_assert((C == 0 || C == 1) && A >= 4 && A <= 7 && B == 2 + A % 2);
+  if constexpr (C == 0 && A == 4) _tile_dpbf16ps(0, 4, 2);
+  else if constexpr (C == 0 && A == 5) _tile_dpbf16ps(0, 5, 3);
+  else if constexpr (C == 0 && A == 6) _tile_dpbf16ps(0, 6, 2);
+  else if constexpr (C == 0) _tile_dpbf16ps(0, 7, 3);
+  else if constexpr (A == 4) _tile_dpbf16ps(1, 4, 2);
+  else if constexpr (A == 5) _tile_dpbf16ps(1, 5, 3);
+  else if constexpr (A == 6) _tile_dpbf16ps(1, 6, 2);
+  else _tile_dpbf16ps(1, 7, 3);
 }
 
 #endif  // TILEATTN_AMX_EMULATE
@@ -392,6 +411,10 @@ struct TileSession {
   TileSession& operator=(const TileSession&) = delete;
 };
 
+/// Whether products from zero over few pairs of K with B prepared keep A resident
+/// (scores_a_resident). Tests and benchmarks turn it off to compare with the 32 x 32 blocks.
+inline std::atomic<bool> resident_a{true};
+
 /// Rows of C from which B is packed once per call (each packed tile then serves m / 32 row
 /// panels; fewer rows read B in place). Tests and benchmarks change it to compare both paths.
 inline std::atomic<index_t> pack_min_rows{128};
@@ -451,13 +474,87 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
   }
 }
 
+/// Pairs of K up to which a product from zero with B packed (S = Q K^T, d <= 128) keeps A
+/// resident (scores_a_resident): one A tile per step of 16 pairs, four at most.
+inline constexpr index_t resident_a_max_pairs = 4 * dim;
+
+/// The resident-A schedule's steps of K: tiles A 4 + s and B 2 + s % 2, products into C.
+template <int C, int S>
+TILEATTN_AMX_TARGET inline void resident_steps(const std::uint32_t* b_col, index_t b_step, int steps) {
+  if constexpr (S < 4) {
+    if (S < steps) {
+      tile_load<2 + S % 2>(b_col + S * b_step, dim * 4);
+      tile_dot_into<C, 4 + S, 2 + S % 2>();
+      resident_steps<C, S + 1>(b_col, b_step, steps);
+    }
+  }
+}
+
+/// Loads A tiles 4 + S, 4 + S + 1, ... (steps of 16 pairs of K, as many as k has) from
+/// rows [0, rows) of a; edges through zero-padded copies in a_edge.
+template <int S>
+TILEATTN_AMX_TARGET inline void resident_a_load(const bf16x2* a, index_t lda, index_t rows, index_t k,
+                                                std::uint32_t (*a_edge)[dim * dim]) {
+  if constexpr (S < 4) {
+    if (S * dim >= k) return;
+    const index_t kp = k - S * dim < dim ? k - S * dim : dim;
+    if (rows == dim && kp == dim) {
+      tile_load<4 + S>(a + S * dim, lda * 4);
+    } else {
+      pad_block(a + S * dim, lda, rows, kp, a_edge[S]);
+      tile_load<4 + S>(a_edge[S], dim * 4);
+    }
+    resident_a_load<S + 1>(a, lda, rows, k, a_edge);
+  }
+}
+
+/// One C tile of the resident-A schedule: columns [16 t, 16 t + cols) of the 16-row block at c.
+template <int C>
+TILEATTN_AMX_TARGET inline void resident_tile(const BOperand& b, index_t t, int steps, const CTile& out, index_t ldc,
+                                              EdgeBuffers& buf) {
+  tile_zero<C>();
+  resident_steps<C, 0>(b.data + t * dim * dim, b.packed_tiles * dim * dim, steps);
+  c_end<0, C>(out, ldc, buf);  // tile C
+}
+
+/// C (m x n) = A (m x k pairs) B (B packed in whole tiles, k <= resident_a_max_pairs): a
+/// 16-row block's A stays in tiles 4 to 7 (a step of 16 pairs each) while its C tiles
+/// alternate between tmm0 and tmm1, so a C tile's store runs under the next one's products,
+/// against a 32 x 32 block's four stores and zeroings, which wait for each other, every 4
+/// steps in `block`. Each C element sums the same steps in the same order from zero: the same
+/// bits as block<>. Measured on the Xeon (one core, S = Q K^T of a 64-row slab): 1.05-1.1x
+/// the 32 x 32 blocks at d 128, 1.3x at d 64 (docs/performance.md, issue 45).
+TILEATTN_AMX_TARGET inline void scores_a_resident(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
+                                                  const BOperand& b, float* c, index_t ldc, EdgeBuffers& buf) {
+  const int steps = static_cast<int>((k + dim - 1) / dim);
+  alignas(64) std::uint32_t a_edge[4][dim * dim];
+  for (index_t i = 0; i < m; i += dim) {
+    const index_t rows = m - i < dim ? m - i : dim;
+    resident_a_load<0>(a + i * lda, lda, rows, k, a_edge);
+    float* ci = c + i * ldc;
+    const index_t tiles = (n + dim - 1) / dim;
+    for (index_t t = 0; t < tiles; t += 2) {
+      const index_t cols0 = n - t * dim < dim ? n - t * dim : dim;
+      resident_tile<0>(b, t, steps, {ci + t * dim, rows, cols0}, ldc, buf);
+      if (t + 1 < tiles) {
+        const index_t cols1 = n - (t + 1) * dim < dim ? n - (t + 1) * dim : dim;
+        resident_tile<1>(b, t + 1, steps, {ci + (t + 1) * dim, rows, cols1}, ldc, buf);
+      }
+    }
+  }
+}
+
 /// tile_gemm (not transposed) with B packed whole beforehand (prepare_pairs): the same chunks
-/// of K, blocks and tile products, so the same bits, without the pack per call.
+/// of K, blocks and tile products, so the same bits, without the pack per call; products from
+/// zero over at most resident_a_max_pairs keep A resident (scores_a_resident, same bits).
 template <bool Accumulate>
 TILEATTN_AMX_TARGET void tile_gemm_prepared(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
                                             const PreparedPairs& b, float* c, index_t ldc) {
   [[maybe_unused]] TileSession session;
   EdgeBuffers buf;
+  if (!Accumulate && k <= resident_a_max_pairs && resident_a.load(std::memory_order_relaxed))
+    return scores_a_resident(m, n, k, a, lda, {reinterpret_cast<const std::uint32_t*>(b.data), 0, b.packed_tiles}, c,
+                             ldc, buf);
   const auto* packed = reinterpret_cast<const std::uint32_t*>(b.data);
   for (index_t p = 0; p < k; p += transposed_depth) {
     const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
