@@ -101,32 +101,23 @@ struct VecTraits {
   static reg min(reg a, reg b) { return _mm256_min_ps(a, b); }
   static reg sub(reg a, reg b) { return _mm256_sub_ps(a, b); }
   static reg fmadd(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
-  /// 2^x's reduction (arch/register_exp2.hpp): x clamped to [lowest_input, highest_input]
+  /// 2^x's reduction (arch/register_exp2.hpp): x clamped to [flush_below, highest_input]
   /// (max(lo, NaN) keeps the NaN), n = floor(x), f = x - n (exact).
   struct Split {
     reg f, e;
   };
   static Split split_floor(reg x) {
-    x = max(set1(exp2_poly::lowest_input), x);
+    x = max(set1(exp2_poly::flush_below), x);
     x = min(set1(exp2_poly::highest_input), x);
     const reg n = _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     return {sub(x, n), n};
   }
-  /// p * 2^n for split_floor's n, applied as two normal powers of two 2^n1 * 2^n2 (n1 =
-  /// floor(n / 2)), so subnormal results are rounded once, by the second multiply.
-  static reg times_two_to_floor(reg p, reg n) {
-    const __m256i ni = _mm256_cvtps_epi32(n);  // exact: n is an integer in [-151, 128]
-    const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-    const __m256i bias = _mm256_set1_epi32(127);
-    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-  }
-  /// The same where x >= -126 (or NaN), else +0 (exp2_poly::bf16_target; AVX2 has no bf16
-  /// products, so nothing here asks for it but the shared exp2's bf16 form).
+  /// p * 2^n for split_floor's n, n in [-126, 128] (x >= -126 or NaN: p * 2^n is normal or,
+  /// n = 128, +inf), else +0 (exp2_poly::flush_below).
   static reg times_two_to_floor_normal(reg p, reg n, reg x) {
-    const reg normal = _mm256_cmp_ps(x, set1(exp2_poly::bf16_target::flush_below), _CMP_NLT_UQ);
-    return _mm256_and_ps(times_two_to_floor(p, n), normal);
+    const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));  // exact
+    const reg normal = _mm256_cmp_ps(x, set1(exp2_poly::flush_below), _CMP_NLT_UQ);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23))), normal);
   }
 };
 

@@ -7,13 +7,13 @@
 //
 // Besides register_gemm.hpp's and register_rows.hpp's, a VecTraits V gives here: fmadd(a,
 // b, c) (a b + c, one rounding); split_floor(x) -> {f, e}, f = x - floor(x) in [0, 1] and e
-// what times_two_to_floor takes for x; times_two_to_floor(p, e) = p * 2^floor(x), rounded
-// once (also into the subnormals), 0 for x = -inf, inf for x = +inf, NaN for NaN; and, for
-// the bf16 target, times_two_to_floor_normal(p, e, x): the same for x >= -126, +0 below (NaN
-// stays NaN).
+// what times_two_to_floor_normal takes for x; and times_two_to_floor_normal(p, e, x) =
+// p * 2^floor(x) for x >= -126 (a normal float, p being in [1, 2]), +0 below (-inf included),
+// inf for x = +inf, NaN for NaN.
 
-/// 2^x on V::lanes lanes. ForBf16: the degree-4 polynomial, for values rounded to bf16 next,
-/// results below 2^-126 flushed to +0 (exp2_poly::bf16_target); else the degree-6 one.
+/// 2^x on V::lanes lanes: results below 2^-126 are +0 (exp2_poly::flush_below says why).
+/// ForBf16: the degree-4 polynomial, for values rounded to bf16 next
+/// (exp2_poly::bf16_target); else the degree-6 one.
 template <bool ForBf16 = false>
 inline typename VecTraits::reg exp2(typename VecTraits::reg x) {
   using V = VecTraits;
@@ -35,6 +35,5 @@ inline typename VecTraits::reg exp2(typename VecTraits::reg x) {
     p = V::fmadd(p, f, V::set1(c::c1));
   }
   p = V::fmadd(p, f, V::set1(1.0f));
-  if constexpr (ForBf16) return V::times_two_to_floor_normal(p, e, x);  // NaN lanes: p is NaN
-  else return V::times_two_to_floor(p, e);
+  return V::times_two_to_floor_normal(p, e, x);  // NaN lanes: p is NaN, so NaN out
 }

@@ -46,7 +46,7 @@ struct VecTraits {
   static reg fmadd(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   /// 2^x's reduction (arch/register_exp2.hpp): f = x - floor(x), and x itself, whose floor
   /// vscalefps takes. With DQ one vreduceps, which gives 0 for +-inf and keeps NaN; without,
-  /// x clamped first (exp2_poly::lowest_input) so that f is never inf - inf.
+  /// x clamped first (exp2_poly::flush_below) so that f is never inf - inf.
   struct Split {
     reg f, e;
   };
@@ -54,16 +54,15 @@ struct VecTraits {
 #if TILEATTN_AVX512_HAS_DQ
     return {intrinsics::reduce_ps<_MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC>(x), x};
 #else
-    x = max(set1(exp2_poly::lowest_input), x);  // max(lo, NaN) keeps the NaN
+    x = max(set1(exp2_poly::flush_below), x);  // max(lo, NaN) keeps the NaN
     x = min(set1(exp2_poly::highest_input), x);
     return {sub(x, intrinsics::roundscale_ps<_MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC>(x)), x};
 #endif
   }
-  /// p * 2^floor(x), rounded once (also into the subnormals).
-  static reg times_two_to_floor(reg p, reg x) { return intrinsics::scalef_ps(p, x); }
-  /// The same where x >= -126 (or NaN), else +0: no subnormal result is made.
+  /// p * 2^floor(x) where x >= -126 (or NaN), else +0: no subnormal result is made (the
+  /// masked lanes make none either: measured, no assist).
   static reg times_two_to_floor_normal(reg p, reg e, reg x) {
-    const mask normal = _mm512_cmp_ps_mask(x, set1(exp2_poly::bf16_target::flush_below), _CMP_NLT_UQ);
+    const mask normal = _mm512_cmp_ps_mask(x, set1(exp2_poly::flush_below), _CMP_NLT_UQ);
     return _mm512_maskz_scalef_ps(normal, p, e);
   }
 };
