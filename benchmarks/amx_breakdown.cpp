@@ -154,8 +154,9 @@ int main(int argc, char** argv) {
                   100 * flops / qk * 1e-9 / amx_peak, flops / pv * 1e-9, 100 * flops / pv * 1e-9 / amx_peak,
                   (qk + pv) * 1e9 / (slab * panel));
     }
-    // S = Q K^T of a 64-row slab with A resident in the tiles (arch::amx::detail::resident_a,
-    // the default) against 32 x 32 blocks, at d 128 and 64: alternated 7 times, medians.
+    // S = Q K^T of a 64-row slab with A resident in the tiles (arch::amx::detail::
+    // scores_a_resident; by default up to d 64) against 32 x 32 blocks, at d 128 and 64:
+    // alternated 7 times, medians.
     for (const index_t pairs_k : {index_t{64}, index_t{32}}) {
       const auto qd = pairs(slab * pairs_k), kd = pairs(pairs_k * panel);
       auto* kdp = static_cast<bf16x2*>(std::aligned_alloc(64, pairs_k * panel * sizeof(bf16x2)));
@@ -164,14 +165,14 @@ int main(int argc, char** argv) {
       amx::begin_products();
       for (int rep = 0; rep < 7; ++rep)
         for (const bool resident : {true, false}) {
-          amx::detail::resident_a = resident;
+          amx::detail::resident_a_max_pairs = resident ? 64 : 0;
           const double t = best_seconds([&] {
             amx::gemm_prepared<false>(slab, panel, pairs_k, qd.data(), pairs_k, kdpp, s.data(), panel);
           }, 1000, 3);
           (resident ? on : off).push_back(4.0 * slab * panel * pairs_k / t * 1e-9);
         }
       amx::end_products();
-      amx::detail::resident_a = true;
+      amx::detail::resident_a_max_pairs = 32;
       std::sort(on.begin(), on.end());
       std::sort(off.begin(), off.end());
       std::printf("  slab 64 x panel 512, d %ld: S = Q K^T with A resident %.1f GFLOP/s (%.1f%% of the loop; "

@@ -240,11 +240,16 @@ TEST(AmxGemm, AttentionTilesAreReproducibleAndAgreeWithTheDotProductKernel) {
 TEST(AmxGemm, PreparedOperandGivesTheGemmsBits) {
   SKIP_WITHOUT_AMX();
   std::mt19937 rng(29);
+  struct ResidentUpTo64 {  // scores_a_resident for every step count while the test runs
+    index_t saved = arch::amx::detail::resident_a_max_pairs.exchange(64);
+    ~ResidentUpTo64() { arch::amx::detail::resident_a_max_pairs = saved; }
+  } resident;
   struct Shape {
     index_t m, n, k;
   };
-  // Products from zero over at most 64 pairs keep A resident (arch::amx::detail::scores_a_resident):
-  // every step count (1 to 4, the last one partial or whole), rows and columns off the 16 grid.
+  // Products from zero over few pairs keep A resident (arch::amx::detail::scores_a_resident, up
+  // to resident_a_max_pairs, raised here to its most, 64): every step count (1 to 4, the last
+  // one partial or whole), rows and columns off the 16 grid.
   for (const Shape sh : {Shape{1, 1, 1}, Shape{17, 33, 5}, Shape{32, 128, 64}, Shape{45, 200, 70},
                          Shape{128, 512, 64}, Shape{33, 16, 300}, Shape{70, 17, 257}, Shape{20, 47, 40},
                          Shape{3, 250, 33}, Shape{64, 512, 32}, Shape{31, 64, 16}, Shape{16, 15, 63}}) {

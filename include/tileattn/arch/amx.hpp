@@ -411,9 +411,13 @@ struct TileSession {
   TileSession& operator=(const TileSession&) = delete;
 };
 
-/// Whether products from zero over few pairs of K with B prepared keep A resident
-/// (scores_a_resident). Tests and benchmarks turn it off to compare with the 32 x 32 blocks.
-inline std::atomic<bool> resident_a{true};
+/// Pairs of K up to which a product from zero with B prepared (S = Q K^T) keeps A resident
+/// (scores_a_resident, one A tile per step of 16 pairs, four at most): 32, d <= 64. On the
+/// Xeon (one core, a 64-row slab's Q K^T on a 512-key panel, amx_breakdown) it measured 1.36x
+/// the 32 x 32 blocks at d 64 and 0.97x at d 128 (1.05-1.10x in a probe's best of 9): no
+/// gain at 3 or 4 steps. Tests and benchmarks change it (64: up to d 128; 0: never); every
+/// setting gives the same bits.
+inline std::atomic<index_t> resident_a_max_pairs{2 * dim};
 
 /// Rows of C from which B is packed once per call (each packed tile then serves m / 32 row
 /// panels; fewer rows read B in place). Tests and benchmarks change it to compare both paths.
@@ -474,9 +478,6 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
   }
 }
 
-/// Pairs of K up to which a product from zero with B packed (S = Q K^T, d <= 128) keeps A
-/// resident (scores_a_resident): one A tile per step of 16 pairs, four at most.
-inline constexpr index_t resident_a_max_pairs = 4 * dim;
 
 /// The resident-A schedule's steps of K: tiles A 4 + s and B 2 + s % 2, products into C.
 template <int C, int S>
@@ -517,13 +518,12 @@ TILEATTN_AMX_TARGET inline void resident_tile(const BOperand& b, index_t t, int 
   c_end<0, C>(out, ldc, buf);  // tile C
 }
 
-/// C (m x n) = A (m x k pairs) B (B packed in whole tiles, k <= resident_a_max_pairs): a
+/// C (m x n) = A (m x k pairs) B (B packed in whole tiles, k <= 64 pairs): a
 /// 16-row block's A stays in tiles 4 to 7 (a step of 16 pairs each) while its C tiles
 /// alternate between tmm0 and tmm1, so a C tile's store runs under the next one's products,
-/// against a 32 x 32 block's four stores and zeroings, which wait for each other, every 4
+/// against a 32 x 32 block's four stores and zeroings, which wait for each other, every few
 /// steps in `block`. Each C element sums the same steps in the same order from zero: the same
-/// bits as block<>. Measured on the Xeon (one core, S = Q K^T of a 64-row slab): 1.05-1.1x
-/// the 32 x 32 blocks at d 128, 1.3x at d 64 (docs/performance.md, issue 45).
+/// bits as block<>. Used up to resident_a_max_pairs (docs/performance.md, issue 45).
 TILEATTN_AMX_TARGET inline void scores_a_resident(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
                                                   const BOperand& b, float* c, index_t ldc, EdgeBuffers& buf) {
   const int steps = static_cast<int>((k + dim - 1) / dim);
@@ -552,7 +552,7 @@ TILEATTN_AMX_TARGET void tile_gemm_prepared(index_t m, index_t n, index_t k, con
                                             const PreparedPairs& b, float* c, index_t ldc) {
   [[maybe_unused]] TileSession session;
   EdgeBuffers buf;
-  if (!Accumulate && k <= resident_a_max_pairs && resident_a.load(std::memory_order_relaxed))
+  if (!Accumulate && k <= std::min<index_t>(resident_a_max_pairs.load(std::memory_order_relaxed), 4 * dim))
     return scores_a_resident(m, n, k, a, lda, {reinterpret_cast<const std::uint32_t*>(b.data), 0, b.packed_tiles}, c,
                              ldc, buf);
   const auto* packed = reinterpret_cast<const std::uint32_t*>(b.data);
