@@ -4,8 +4,8 @@
 // Method. 2^x = 2^n * 2^f with n = floor(x) and f = x - n in [0, 1]. 2^f comes from a
 // polynomial whose constant term is exactly 1 (so 2^0 == 1: the row maximum always gets
 // probability exactly 1), with coefficients fitted for the least maximum relative error on
-// [0, 1] (a linear program over 40001 points); 2^n is applied in one step that rounds once
-// (vscalefps, which takes floor(x) itself; AVX2: two exact power-of-two factors). On AVX-512
+// [0, 1] (a linear program over 40001 points); 2^n is applied in one exact step (vscalefps,
+// which takes floor(x) itself; AVX2: a multiply by 2^n built in the exponent bits). On AVX-512
 // with DQ, f comes from one vreduceps and 2^n from vscalefps on x itself: four instructions
 // fewer than a rounding, a subtraction and two clamps, and -inf, +inf and NaN come out as 0,
 // +inf and NaN with no clamp. Elsewhere x is clamped to [flush_below, highest_input] first,
@@ -14,7 +14,7 @@
 //
 // Results below 2^-126 (x < flush_below) are +0: no subnormal float is ever made, in P or in
 // a running-max correction. On the Xeon each one costs a microcode assist where it is made or
-// multiplied (rows whose scores spread over more than 126 in log2 units ran 30x slower in
+// multiplied (rows whose scores spread over more than 126 in log2 units ran 18x slower in
 // fp32, 4.6x in bf16); bf16 P flushed them already (vcvtne2ps2bf16). What is lost is below
 // 2^-126 of the row's largest probability (which is 1), so it shows only where a value
 // outweighs the others by 2^100 or more.
