@@ -16,7 +16,6 @@
 namespace intrinsics {
 inline __m512 max_ps(__m512 a, __m512 b) { return _mm512_maskz_max_ps(0xFFFF, a, b); }
 inline __m512 min_ps(__m512 a, __m512 b) { return _mm512_maskz_min_ps(0xFFFF, a, b); }
-inline __m512 scalef_ps(__m512 a, __m512 b) { return _mm512_maskz_scalef_ps(0xFFFF, a, b); }
 template <int Imm>
 __m512 roundscale_ps(__m512 a) { return _mm512_maskz_roundscale_ps(0xFFFF, a, Imm); }
 #if TILEATTN_AVX512_HAS_DQ
