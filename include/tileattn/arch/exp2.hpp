@@ -40,7 +40,7 @@ inline constexpr float c6 = 2.1612912892e-04f;
 /// For results that are rounded to bf16 right away (P in the bf16 dot-product paths): a
 /// degree-4 fit, max relative error 3.0e-6 on [0, 1] (measured over every float of [-2, 0)),
 /// 1/650 of bf16's half-ulp, for two FMAs less per vector than the float fit. (Degree 3, at
-/// 8.6e-5, saves one more FMA, 1.5% of the forward on Zen 5, but the row sums carry its error
+/// 8.6e-5, saves one more FMA, 0.5% of the forward on Zen 5, but the row sums carry its error
 /// into the float LSE: 4e-5 off where the tests allow 2e-5.)
 namespace bf16_target {
 inline constexpr float c1 = 6.9304484490e-01f;
