@@ -478,7 +478,6 @@ TILEATTN_AMX_TARGET void tile_gemm(index_t m, index_t n, index_t k, const bf16x2
   }
 }
 
-
 /// The resident-A schedule's steps of K: tiles A 4 + s and B 2 + s % 2, products into C.
 template <int C, int S>
 TILEATTN_AMX_TARGET inline void resident_steps(const std::uint32_t* b_col, index_t b_step, int steps) {
@@ -527,19 +526,16 @@ TILEATTN_AMX_TARGET inline void resident_tile(const BOperand& b, index_t t, int 
 TILEATTN_AMX_TARGET inline void scores_a_resident(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
                                                   const BOperand& b, float* c, index_t ldc, EdgeBuffers& buf) {
   const int steps = static_cast<int>((k + dim - 1) / dim);
+  const index_t tiles = (n + dim - 1) / dim;
+  const auto cols_of = [n](index_t t) { return n - t * dim < dim ? n - t * dim : dim; };
   alignas(64) std::uint32_t a_edge[4][dim * dim];
   for (index_t i = 0; i < m; i += dim) {
     const index_t rows = m - i < dim ? m - i : dim;
     resident_a_load<0>(a + i * lda, lda, rows, k, a_edge);
     float* ci = c + i * ldc;
-    const index_t tiles = (n + dim - 1) / dim;
     for (index_t t = 0; t < tiles; t += 2) {
-      const index_t cols0 = n - t * dim < dim ? n - t * dim : dim;
-      resident_tile<0>(b, t, steps, {ci + t * dim, rows, cols0}, ldc, buf);
-      if (t + 1 < tiles) {
-        const index_t cols1 = n - (t + 1) * dim < dim ? n - (t + 1) * dim : dim;
-        resident_tile<1>(b, t + 1, steps, {ci + (t + 1) * dim, rows, cols1}, ldc, buf);
-      }
+      resident_tile<0>(b, t, steps, {ci + t * dim, rows, cols_of(t)}, ldc, buf);
+      if (t + 1 < tiles) resident_tile<1>(b, t + 1, steps, {ci + (t + 1) * dim, rows, cols_of(t + 1)}, ldc, buf);
     }
   }
 }
@@ -552,10 +548,9 @@ TILEATTN_AMX_TARGET void tile_gemm_prepared(index_t m, index_t n, index_t k, con
                                             const PreparedPairs& b, float* c, index_t ldc) {
   [[maybe_unused]] TileSession session;
   EdgeBuffers buf;
-  if (!Accumulate && k <= std::min<index_t>(resident_a_max_pairs.load(std::memory_order_relaxed), 4 * dim))
-    return scores_a_resident(m, n, k, a, lda, {reinterpret_cast<const std::uint32_t*>(b.data), 0, b.packed_tiles}, c,
-                             ldc, buf);
   const auto* packed = reinterpret_cast<const std::uint32_t*>(b.data);
+  if (!Accumulate && k <= std::min<index_t>(resident_a_max_pairs.load(std::memory_order_relaxed), 4 * dim))
+    return scores_a_resident(m, n, k, a, lda, {packed, 0, b.packed_tiles}, c, ldc, buf);
   for (index_t p = 0; p < k; p += transposed_depth) {
     const index_t depth = k - p < transposed_depth ? k - p : transposed_depth;
     const BOperand b_op{packed + p / dim * b.packed_tiles * dim * dim, 0, b.packed_tiles};
