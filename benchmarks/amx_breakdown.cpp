@@ -162,6 +162,7 @@ int main(int argc, char** argv) {
       auto* kdp = static_cast<bf16x2*>(std::aligned_alloc(64, pairs_k * panel * sizeof(bf16x2)));
       const tileattn::arch::PreparedPairs kdpp = amx::prepare_pairs(pairs_k, panel, kd.data(), panel, kdp);
       std::vector<double> on, off;
+      const index_t resident_default = amx::detail::resident_a_max_pairs;
       amx::begin_products();
       for (int rep = 0; rep < 7; ++rep)
         for (const bool resident : {true, false}) {
@@ -172,7 +173,7 @@ int main(int argc, char** argv) {
           (resident ? on : off).push_back(4.0 * slab * panel * pairs_k / t * 1e-9);
         }
       amx::end_products();
-      amx::detail::resident_a_max_pairs = 32;
+      amx::detail::resident_a_max_pairs = resident_default;
       std::sort(on.begin(), on.end());
       std::sort(off.begin(), off.end());
       std::printf("  slab 64 x panel 512, d %ld: S = Q K^T with A resident %.1f GFLOP/s (%.1f%% of the loop; "
