@@ -375,6 +375,8 @@ using generic::interleave_pairs;
 using generic::interleave_rounded;
 using generic::round_to_pairs;
 using generic::dequantize_blocks;  // (AVX2 has no 16-lane table lookup: the scalar one)
+using generic::dropout_keep_bits;  // (scalar Philox: AVX2's vector one is not written yet)
+using generic::apply_keep_bits;
 inline bool all_finite(const bf16x2* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const bf16* x, index_t n) { return generic::all_finite(x, n); }
 inline bool all_finite(const fp16* x, index_t n) { return generic::all_finite(x, n); }

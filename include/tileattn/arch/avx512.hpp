@@ -25,11 +25,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "tileattn/arch/blocked_transpose.hpp"
 #include "tileattn/arch/exp2.hpp"
 #include "tileattn/arch/generic.hpp"
+#include "tileattn/arch/philox.hpp"
 #include "tileattn/arch/prepared_pairs.hpp"
 #include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/half_types.hpp"

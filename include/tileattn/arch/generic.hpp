@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "tileattn/arch/philox.hpp"
 #include "tileattn/arch/prepared_pairs.hpp"
 #include "tileattn/core/block_quantized_types.hpp"
 #include "tileattn/core/half_types.hpp"

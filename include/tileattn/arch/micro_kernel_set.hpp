@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tileattn/arch/philox.hpp"
 #include "tileattn/arch/prepared_pairs.hpp"
 #include "tileattn/core/half_types.hpp"
 #include "tileattn/core/quantized_types.hpp"
@@ -49,7 +50,8 @@ concept MicroKernelSet =
     reads_rows_in_place<S, fp8_e4m3> && reads_rows_in_place<S, fp8_e5m2> && reads_rows_in_place<S, std::int8_t> &&
     requires(index_t n, float x, const float* cf, float* f, const bf16x2* cp, bf16x2* p, const bf16* cb, bf16* b,
              const fp16* ch, fp16* h, const fp8_e4m3* ce4, const fp8_e5m2* ce5, const std::int8_t* ci8,
-             const void* const* rows, const bf16* const* brows) {
+             const void* const* rows, const bf16* const* brows, std::uint64_t* u64,
+             const std::uint64_t* cu64) {
   { S::name() } -> std::convertible_to<const char*>;
   { S::bf16_dot_product() } -> std::convertible_to<bool>;
   // Tile products: float and bf16 pair operands, C = or += A B, A given or transposed.
@@ -88,6 +90,10 @@ concept MicroKernelSet =
   S::interleave_pairs(cb, cb, p, n);
   S::interleave_rounded(cf, cf, p, n);
   S::round_to_pairs(cf, p, n);
+  // Dropout: a row's keep bits (arch/philox.hpp) and their application to P.
+  S::dropout_keep_bits(static_cast<const DropoutRow*>(nullptr), n, n, n, u64, n);
+  S::apply_keep_bits(f, n, cu64, n, x);
+  S::apply_keep_bits(p, n, cu64, n);
   // A pair B operand prepared once for many row slabs (arch/prepared_pairs.hpp).
   { S::prepare_pairs(n, n, cp, n, p) } -> std::same_as<PreparedPairs>;
   S::template gemm_prepared<false>(n, n, n, cp, n, S::prepare_pairs(n, n, cp, n, p), f, n);
@@ -138,6 +144,8 @@ concept MicroKernelSet =
     TILEATTN_SET_FORWARD(ns, interleave_pairs)                                                    \
     TILEATTN_SET_FORWARD(ns, interleave_rounded)                                                  \
     TILEATTN_SET_FORWARD(ns, round_to_pairs)                                                      \
+    TILEATTN_SET_FORWARD(ns, dropout_keep_bits)                                                   \
+    TILEATTN_SET_FORWARD(ns, apply_keep_bits)                                                     \
     TILEATTN_SET_FORWARD(ns, prepare_pairs)                                                       \
     template <bool Accumulate, class... A>                                                        \
     static auto gemm_prepared(A... a)->decltype(ns::gemm_prepared<Accumulate>(a...)) {            \

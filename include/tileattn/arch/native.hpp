@@ -181,6 +181,16 @@ template <class B>
 void dequantize_blocks(const B* src, float* dst, index_t blocks) {
   TILEATTN_DISPATCH_BF16_FREE(dequantize_blocks(src, dst, blocks));
 }
+inline void dropout_keep_bits(const DropoutRow* streams, index_t n, index_t first_block, index_t blocks,
+                              std::uint64_t* bits, index_t ld) {
+  TILEATTN_DISPATCH_BF16_FREE(dropout_keep_bits(streams, n, first_block, blocks, bits, ld));
+}
+inline void apply_keep_bits(float* x, index_t n, const std::uint64_t* bits, index_t bit0, float kept_scale) {
+  TILEATTN_DISPATCH_BF16_FREE(apply_keep_bits(x, n, bits, bit0, kept_scale));
+}
+inline void apply_keep_bits(bf16x2* x, index_t n, const std::uint64_t* bits, index_t bit0) {
+  TILEATTN_DISPATCH_BF16_FREE(apply_keep_bits(x, n, bits, bit0));
+}
 inline PreparedPairs prepare_pairs(index_t k, index_t n, const bf16x2* b, index_t ldb, bf16x2* buffer) {
   TILEATTN_DISPATCH(prepare_pairs(k, n, b, ldb, buffer));
 }

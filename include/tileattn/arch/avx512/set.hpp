@@ -32,5 +32,6 @@ inline constexpr bool bf16_dot_product = false;
 #include "tileattn/arch/avx512/pair_layout.hpp"
 #include "tileattn/arch/avx512/rows_in_place.hpp"
 #include "tileattn/arch/avx512/pairs_in_place.hpp"
+#include "tileattn/arch/avx512/dropout_bits.hpp"
 
 }  // namespace tileattn::arch::TILEATTN_AVX512_SET
