@@ -2,7 +2,8 @@
 // kernel is checked against. It materializes the full score matrix S and probabilities P
 // (O(N^2) memory), so it is for tests and benchmarks only. It implements every forward
 // option literally, in FlashAttention's order: scale, softcap, masks (causal / window /
-// boolean), additive bias and ALiBi, softmax with sinks.
+// boolean), additive bias and ALiBi, softmax with sinks, dropout (its decisions from
+// reference/dropout_reference.hpp, the sequence index being batch_index where set).
 #pragma once
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "tileattn/core/params.hpp"
 #include "tileattn/core/strided_view.hpp"
+#include "reference/dropout_reference.hpp"
 
 namespace tileattn::reference {
 
@@ -153,7 +155,7 @@ AttentionResult attention(const TensorView<const T>& q, const TensorView<const T
         for (index_t j = 0; j < nk; ++j) {
           const double sj = s[static_cast<std::size_t>(j)];
           if (sj == neg_inf) continue;  // adds nothing, and V is not read
-          const double p = std::exp(sj - m);
+          const double p = std::exp(sj - m) * dropout_factor(opt.dropout, bb, r.heads, h, i, j);  // dropout: after the sum
           const detail::HeadVector vj(v, b, j, kh);
           for (index_t c = 0; c < dv; ++c) out[c] += p * static_cast<double>(vj[c]);
         }

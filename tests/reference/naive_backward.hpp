@@ -112,7 +112,7 @@ std::size_t bias_slot(const BackwardGrads<Real>& r, index_t bb, index_t h, index
 /// Exact gradients in double of L = sum(dout * O), O = attention(q, k, v, opt).o (dout has
 /// O's shape [batch, seqlen_q, heads, head_dim_v]). With z the score after scale, softcap,
 /// bias and ALiBi and P its softmax (sinks in the denominator):
-///   dP_ij = dout_i . v_j, D_i = dout_i . O_i, dz_ij = P_ij (dP_ij - D_i),
+///   dP_ij = Z_ij dout_i . v_j (Z: dropout's factor, 1 without), D_i = dout_i . O_i, dz_ij = P_ij (dP_ij - D_i),
 ///   dv_j += P_ij dout_i, dx_ij = dz_ij (1 - tanh^2(x_ij / softcap)) (dz_ij without softcap),
 ///   dq_i += scale dx_ij k_j, dk_j += scale dx_ij q_i, dbias += dz_ij (broadcast: summed),
 ///   dsinks[h] -= exp(sink_h - lse_i) D_i (summed over batch and rows).
@@ -191,7 +191,8 @@ BackwardResult attention_backward(const TensorView<const T>& q, const TensorView
           const auto sj = static_cast<std::size_t>(j);
           if (z[sj] == neg_inf) continue;  // takes no part: V is not read
           const detail::HeadVector vj(v, b, j, kh);
-          for (index_t c = 0; c < dv; ++c) o[static_cast<std::size_t>(c)] += p[sj] * to_double(vj[c]);
+          const double zp = p[sj] * dropout_factor(opt.dropout, bb, H, h, i, j);  // P after dropout
+          for (index_t c = 0; c < dv; ++c) o[static_cast<std::size_t>(c)] += zp * to_double(vj[c]);
         }
         double D = 0.0;
         for (index_t c = 0; c < dv; ++c) D += to_double(doi[c]) * o[static_cast<std::size_t>(c)];
@@ -202,9 +203,10 @@ BackwardResult attention_backward(const TensorView<const T>& q, const TensorView
           const detail::HeadVector kj(k, b, j, kh), vj(v, b, j, kh);
           double dp = 0.0;
           for (index_t c = 0; c < dv; ++c) dp += to_double(doi[c]) * to_double(vj[c]);
-          const double dz = p[sj] * (dp - D);
+          const double zf = dropout_factor(opt.dropout, bb, H, h, i, j);  // dO_i . V_j reaches P through dropout
+          const double dz = p[sj] * (dp * zf - D);
           double* dvj = r.dv.data() + r.v_index(b, j, kh, 0);
-          for (index_t c = 0; c < dv; ++c) dvj[c] += p[sj] * to_double(doi[c]);
+          for (index_t c = 0; c < dv; ++c) dvj[c] += p[sj] * zf * to_double(doi[c]);
           double dx = dz;
           if (cap > 0) {
             const double t = std::tanh(x[sj] / cap);
@@ -305,8 +307,12 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
   std::vector<float> P(nn), t(nn), dS(nn), o(static_cast<std::size_t>(std::max<index_t>(dv, 1)));
   std::vector<char> visible(nn);
   std::vector<float> dk_sum(r.dk.size(), 0.0f), dv_sum(r.dv.size(), 0.0f);
+  index_t bb = 0;  // the sequence being computed (batch_index where set)
+  const auto zf = [&](index_t h, index_t i, index_t j) {  // dropout's factor of P[i, j]
+    return static_cast<float>(dropout_factor(opt.dropout, bb, H, h, i, j));
+  };
   for (index_t b = 0; b < B; ++b) {
-    const index_t bb = opt.batch_index >= 0 ? opt.batch_index : b;
+    bb = opt.batch_index >= 0 ? opt.batch_index : b;
     for (index_t h = 0; h < H; ++h) {
       const index_t kh = h / group;
       float slope = 0.0f;
@@ -358,7 +364,7 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
           float acc = 0.0f;
           const T* vc = v.ptr(b, 0, kh, c);  // V's column c, key by key
           for (index_t j = 0; j < nk; ++j)
-            if (visible[at(i, j)]) acc += P[at(i, j)] * to_float(vc[j * v.stride[1]]);
+            if (visible[at(i, j)]) acc += round_to<T>(P[at(i, j)] * zf(h, i, j)) * to_float(vc[j * v.stride[1]]);
           o[static_cast<std::size_t>(c)] = round_to<T>(acc);
         }
         // Backward of row i: D_i, dP, dS (through the softcap and the scale).
@@ -374,7 +380,7 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
           const detail::HeadVector vj(v, b, j, kh);
           float acc = 0.0f;
           for (index_t c = 0; c < dv; ++c) acc += to_float(doi[c]) * to_float(vj[c]);
-          const float dp = round_to<T>(acc);
+          const float dp = round_to<T>(round_to<T>(acc) * zf(h, i, j));  // dropout: Z dO . V
           float ds = round_to<T>(P[e] * (dp - D));
           if (opt.bias.data) r.dbias[detail::bias_slot(r, bb, h, i, j)] += ds;
           if (cap > 0) ds = round_to<T>(ds * (1.0f - t[e] * t[e]));
@@ -401,7 +407,7 @@ NaiveBackwardF attention_backward_naive(const TensorView<const T>& q, const Tens
           float acc = 0.0f;
           const T* doc = dout.ptr(b, 0, h, c);
           for (index_t i = 0; i < nq; ++i)
-            if (visible[at(i, j)]) acc += P[at(i, j)] * to_float(doc[i * dout.stride[1]]);
+            if (visible[at(i, j)]) acc += round_to<T>(P[at(i, j)] * zf(h, i, j)) * to_float(doc[i * dout.stride[1]]);
           dv_sum[r.v_index(b, j, kh, c)] += round_to<T>(acc);
         }
       }

@@ -68,7 +68,7 @@ void naive_same_precision(const TensorView<const float>& q, const TensorView<con
           if (sj == -std::numeric_limits<float>::infinity()) continue;
           const float p = std::exp(sj - m);
           sum += p;
-          const float p_t = round(p);  // P stored in T for the P V product
+          const float p_t = round(p * static_cast<float>(reference::dropout_factor(opt.dropout, bb, H, h, i, j)));  // P (dropped) in T for P V
           const reference::detail::HeadVector vj(v, b, j, kh);
           for (index_t c = 0; c < dv; ++c) acc[static_cast<std::size_t>(c)] += p_t * vj[c];
         }

@@ -30,6 +30,23 @@ enum class MaskAlignment { bottom_right, top_left };
 using ScoreBiasView = StridedView<const float, 4>;
 using ScoreMaskView = StridedView<const bool, 4>;  // true: the query attends to the key
 
+/// Attention dropout (FlashAttention's dropout_p, with its generator's seed and offset):
+/// each probability P[i, j] is dropped (made 0) with probability p' = min(round(256 p), 255)
+/// / 256 (p in steps of 1/256, as FlashAttention's CUDA kernels compare bytes), and O is
+/// scaled by 1 / (1 - p'); the LSE is the undropped softmax's. Each decision is a pure
+/// function of (seed, offset, sequence, query head, query position, key position), a byte of
+/// Philox 4x32-10 (arch/philox.hpp gives the exact stream), so it is the same for every
+/// backend, thread count, tile size and budget, and the backward regenerates the forward's
+/// decisions from the same options. The forward, varlen and flex calls and their backwards
+/// take it; the paged calls and ring attention (inference, or sharded positions) do not.
+/// p = 0: off.
+struct DropoutOptions {
+  float p = 0.0f;           // in [0, 1)
+  std::uint64_t seed = 0;   // Philox's key
+  std::uint64_t offset = 0; // counter word 3; < 2^32 (a new value per call gives a new mask)
+  bool enabled() const { return p != 0.0f; }
+};
+
 /// The options that change the math: masks and score modifiers. ForwardOptions (what users
 /// set), ForwardParams (what kernels read) and the test reference all hold exactly these.
 struct ScoreOptions {
@@ -64,6 +81,8 @@ struct ScoreOptions {
   /// Optional additive bias (added after masking) and boolean mask; data == nullptr: none.
   ScoreBiasView bias{};
   ScoreMaskView mask{};
+  /// Attention dropout (DropoutOptions): applied to P after the softmax, O scaled by 1 / (1 - p').
+  DropoutOptions dropout{};
 
   /// The diagonal's offset for q_len queries and k_len keys: query i is aligned with key
   /// i + diagonal(q_len, k_len).

@@ -100,6 +100,28 @@ inline void check_values(std::span<const float> values, const std::string& name,
   }
 }
 
+/// Dropout's probability in [0, 1), its offset one counter word, and the call's sequences,
+/// heads and positions within its stream's counter words (arch/philox.hpp); the paged calls
+/// (inference) take no dropout.
+template <class T, class KV>
+void check_dropout(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_q, index_t seqlen_k) {
+  const DropoutOptions& d = p.dropout;
+  TILEATTN_REQUIRE(std::isfinite(d.p) && d.p >= 0.0f && d.p < 1.0f, "dropout.p",
+                   "must be in [0, 1) (0: no dropout), got " + readable(d.p));
+  if (!d.enabled()) return;
+  TILEATTN_REQUIRE(!p.paged(), "dropout.p",
+                   "must be 0 in the paged calls (inference); dropout is taken by forward, forward_varlen, "
+                   "forward_flex and their backwards");
+  constexpr std::uint64_t words = std::uint64_t{1} << 32;
+  TILEATTN_REQUIRE(d.offset < words, "dropout.offset", "must be below 2^32, got " + std::to_string(d.offset));
+  TILEATTN_REQUIRE(static_cast<std::uint64_t>(batch) * static_cast<std::uint64_t>(p.heads()) <= words, "dropout.p",
+                   "needs batch * heads_q <= 2^32 (one stream per sequence and head), got " +
+                       std::to_string(batch) + " * " + std::to_string(p.heads()));
+  TILEATTN_REQUIRE(static_cast<std::uint64_t>(seqlen_q) <= words && static_cast<std::uint64_t>(seqlen_k) <= 16 * words,
+                   "dropout.p", "needs seqlen_q <= 2^32 and seqlen_k <= 2^36, got " + std::to_string(seqlen_q) +
+                                    " and " + std::to_string(seqlen_k));
+}
+
 template <class T, class KV>
 void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_q, index_t seqlen_k,
                    const Execution& exec) {
@@ -137,6 +159,7 @@ void check_options(const ForwardParams<T, KV>& p, index_t batch, index_t seqlen_
   }
   check_score_view(p.bias, "bias", batch, p.heads(), seqlen_q, seqlen_k);
   check_score_view(p.mask, "mask", batch, p.heads(), seqlen_q, seqlen_k);
+  check_dropout(p, batch, seqlen_q, seqlen_k);
   validate_execution(exec);
 }
 

@@ -176,6 +176,8 @@ inline void check_ring(const RingComm& ring, const ShardLayout& layout, const Fo
   TILEATTN_REQUIRE(options.bias.data == nullptr, "bias", "is not supported by ring attention (it does not shard)");
   TILEATTN_REQUIRE(options.mask.data == nullptr, "mask", "is not supported by ring attention (it does not shard)");
   TILEATTN_REQUIRE(!options.diagonal_offset, "diagonal_offset", "is set by ring attention for each chunk pair; leave it unset");
+  TILEATTN_REQUIRE(!options.dropout.enabled(), "dropout.p",
+                   "must be 0 in ring attention: its chunks see shard positions, not the sequence's");
   TILEATTN_REQUIRE(options.attention_chunk == 0, "attention_chunk",
                    "is not supported by ring attention yet (its chunks would start at each shard's first key)");
   TILEATTN_REQUIRE(!options.rotary.enabled(), "rotary_cos",

@@ -10,6 +10,9 @@
 //      an fp32 accumulator in main memory, taking turns so that every dQ row sums its key
 //      tiles in ascending order;
 //   3. epilogue: dQ = scale * dQ_acc, rounded once to the storage type.
+// Dropout (ops/dropout.hpp) regenerates the forward's decisions Z: dP becomes Z dP / (1 - p')
+// before dS, and dV sums Z P (scaled by 1 / (1 - p') once, with dK's scale); D = rowsum(dO *
+// O) holds as it is, O being the dropped output.
 // No N x N buffer: extra memory is the fp32 dQ accumulator and D (O(N) per head) and one
 // turn counter per query tile and head.
 #pragma once
@@ -30,6 +33,7 @@
 #include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
+#include "tileattn/ops/dropout.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
 #include "tileattn/ops/operand_layout.hpp"
@@ -183,7 +187,7 @@ void load_shift(const BackwardParams<T>& p, const BackwardState& st, index_t vb,
 /// the keys of the tile they can see. A tile the modifiers skip whole (a block mask's empty
 /// blocks) loads nothing and only passes its dQ turn on.
 template <class T, class Op, class Mods, class Io>
-void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock& blk,
+void backward_step(const BackwardParams<T>& p, const Mods& mods, const ops::Dropout& dropout, const KeyBlock& blk,
                    BackwardState& st, index_t head, index_t tile, index_t r0, index_t n,
                    bool keys_finite, BackwardTiles<Op>& t, Io& io) {
   const SequenceRange& seq = blk.range;
@@ -216,9 +220,13 @@ void backward_step(const BackwardParams<T>& p, const Mods& mods, const KeyBlock&
   ops::recompute_probabilities(t.s, t.lse2.data(), mods.to_log2(),               // P
                                st.row_stats.given() ? t.lse2_low.data() : nullptr);
   ops::matmul(t.ds, t.dout, keys.v_t);                                            // dP
+  const ops::PackedRows rows{head, 1, r0, n};
+  const index_t c = t.s.cols();
+  dropout.apply(t.ds, rows, 0, blk.col0 + k0, c, dropout.kept_scale());          // Z dP / (1 - p')
   ops::softmax_grad(t.ds, t.s, t.delta.data());                                   // dS
   if (p.dbias.data) accumulate_bias_grad(p, blk, head, r0, blk.col0 + k0, t.ds, io);
   if (slope) ops::multiply_nonzero(t.ds, *slope);                                 // through tanh
+  dropout.apply(t.s, rows, 0, blk.col0 + k0, c);                                  // Z P, for dV
 
   accumulate_tn(keys.dv, ops::as_transposed_operand(t.s, t.p_op), t.dout_as_rows(),  // dV += P^T dO
                 dout_finite ? none : hidden);
@@ -287,6 +295,7 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardTilePlan& plan
                         BackwardState& st, BackwardTiles<Op>& t, const Scores& scores, Io& io) {
   const SequenceRange& seq = blk.range;
   const auto mods = scores(p, blk.sequence, seq);
+  const ops::Dropout dropout(p.dropout, blk.sequence, p.heads());
   const auto keys_of = [&](const auto& view) {
     return sequence_matrix(view, seq.view_batch, blk.kv_head, seq.k_start, seq.k_len);
   };
@@ -311,10 +320,11 @@ void backward_key_block(const BackwardParams<T>& p, const BackwardTilePlan& plan
     const index_t head = blk.kv_head * p.group_size() + g;                        // dK, dV sum in one
     for (index_t tile = lo / br; tile * br < hi; ++tile) {                        // order for any tiling
       const auto [r0, r1] = visited_rows(lo, hi, tile, br);
-      backward_step(p, mods, blk, st, head, tile, r0, r1 - r0, keys_finite, t, io);
+      backward_step(p, mods, dropout, blk, st, head, tile, r0, r1 - r0, keys_finite, t, io);
     }
   }
   ops::scale(t.dk, p.softmax_scale);
+  if (dropout.enabled()) ops::scale(t.dv, dropout.kept_scale());
   if (p.dk_fp32.data) {  // a ring pair's partial gradients (BackwardParams::dk_fp32)
     store_rows(keys_of(p.dk_fp32), blk.col0, t.dk, io);
     store_rows(keys_of(p.dv_fp32), blk.col0, t.dv, io);

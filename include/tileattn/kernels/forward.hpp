@@ -39,6 +39,7 @@
 #include "tileattn/memory/io_policy.hpp"
 #include "tileattn/memory/scratch_arena.hpp"
 #include "tileattn/memory/tile_io.hpp"
+#include "tileattn/ops/dropout.hpp"
 #include "tileattn/ops/hadamard.hpp"
 #include "tileattn/ops/matmul.hpp"
 #include "tileattn/ops/online_softmax.hpp"
@@ -108,25 +109,30 @@ index_t tile_keys(const ops::PreparedOperand<Op>& k_t) { return k_t.cols; }
 template <class E>
 index_t tile_keys(const RowRefs<E>& k) { return k.rows(); }
 
-/// O += P V for a slab whose V is finite: the softmax step makes P from S (n, Bc); V's
-/// per-key scales (8-bit V) multiply P's columns before P meets V (scale_probabilities);
-/// where the tiles multiply bf16 pairs P is rounded to pairs, in the softmax step itself
-/// when nothing scales it (as on GPUs).
+/// O += P V for a slab whose V is finite: the softmax step makes P from S (n, Bc) and
+/// sums it, then dropout (if any) zeroes the entries it drops; V's per-key scales (8-bit V)
+/// multiply P's columns before P meets V (scale_probabilities); where the tiles multiply
+/// bf16 pairs P is rounded to pairs, in the softmax step itself when nothing scales it (as
+/// on GPUs), and dropped there.
 template <class Tiles, class ValueOperand>
 void accumulate_values(Tiles& t, Tile<float>& s, ops::RowStats& stats, Tile<float>& o, const ValueOperand& v,
-                       const TileScalesRef& scales, float to_log2, index_t n) {
+                       const TileScalesRef& scales, float to_log2, index_t n, const ops::Dropout::Slab& drop) {
+  const index_t keys = s.cols();
   if constexpr (Tiles::pairs) {
     auto p = t.p.slice_rows(0, n);
     if (scales.scales_values()) {
       ops::online_softmax_step(s, stats, o, to_log2);  // s := P
+      drop(s, keys);
       scales.scale_probabilities(s);
       ops::round_to_pairs(p, s);
     } else {
       ops::online_softmax_step(s, stats, o, to_log2, &p);  // p := P in bf16
+      drop(p, keys);
     }
     ops::matmul_accumulate(o, p, v);  // (n, dv)
   } else {
     ops::online_softmax_step(s, stats, o, to_log2);  // s := P
+    drop(s, keys);
     scales.scale_probabilities(s);
     ops::matmul_accumulate(o, s, v);  // (n, dv)
   }
@@ -137,8 +143,8 @@ void accumulate_values(Tiles& t, Tile<float>& s, ops::RowStats& stats, Tile<floa
 /// pairs use the first n rows of S and P (the slab's, hot in cache for the next step).
 template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
 void attend_slab(Tiles& t, const KeyOperand& k_tile, const ValueOperand& v_tile, const TileScalesRef& scales,
-                 const Mods& mods, const ops::PackedRows& rows, index_t first_row, index_t r0, index_t n,
-                 index_t col0, int& values_finite, Io& io) {
+                 const Mods& mods, const ops::Dropout& dropout, const ops::PackedRows& rows, index_t first_row,
+                 index_t r0, index_t n, index_t col0, int& values_finite, Io& io) {
   const index_t keys = slab_keys(mods, rows, r0, n, col0, k_tile);
   if (keys == 0) return;  // no row of the slab sees a key of the tile
   const auto k = [&] {
@@ -162,8 +168,10 @@ void attend_slab(Tiles& t, const KeyOperand& k_tile, const ValueOperand& v_tile,
   const auto& values = ops::values_of(v);
   if (values_finite < 0)  // after Q K^T: V has arrived. Over the whole tile: a later slab may see more keys
     values_finite = ops::all_finite(values) && scales.values_finite(tile_keys(k_tile));
-  if (!values_finite) return ops::online_softmax_step_visible_values(s, stats, o, values, mods.to_log2(), scales.v);
-  accumulate_values(t, s, stats, o, v, scales, mods.to_log2(), n);
+  const ops::Dropout::Slab drop = dropout.slab(rows, r0, col0);
+  if (!values_finite)
+    return ops::online_softmax_step_visible_values(s, stats, o, values, mods.to_log2(), scales.v, drop);
+  accumulate_values(t, s, stats, o, v, scales, mods.to_log2(), n, drop);
 }
 
 /// One key tile's work for the packed rows `rows`, which start at row first_row of the
@@ -173,11 +181,12 @@ void attend_slab(Tiles& t, const KeyOperand& k_tile, const ValueOperand& v_tile,
 /// (-1: not yet known) is checked once per tile, after the first Q K^T.
 template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
 void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
-                     const Mods& mods, const ops::PackedRows& rows, index_t first_row, index_t col0,
-                     int& values_finite, Io& io) {
+                     const Mods& mods, const ops::Dropout& dropout, const ops::PackedRows& rows, index_t first_row,
+                     index_t col0, int& values_finite, Io& io) {
   const index_t count = rows.count(), slab = slab_rows_of(t, count);
   for (index_t r0 = 0; r0 < count; r0 += slab)
-    attend_slab(t, k, v, scales, mods, rows, first_row, r0, std::min(slab, count - r0), col0, values_finite, io);
+    attend_slab(t, k, v, scales, mods, dropout, rows, first_row, r0, std::min(slab, count - r0), col0,
+                values_finite, io);
 }
 
 /// Every packed row's work on one key tile, or, where the window (or a block mask's empty
@@ -185,8 +194,8 @@ void attend_key_tile(Tiles& t, const KeyOperand& k, const ValueOperand& v, const
 /// masked off are not computed).
 template <class Tiles, class KeyOperand, class ValueOperand, class Mods, class Io>
 void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, const TileScalesRef& scales,
-                         const Mods& mods, const ops::PackedRows& rows, index_t col0, index_t cols,
-                         Io& io) {
+                         const Mods& mods, const ops::Dropout& dropout, const ops::PackedRows& rows, index_t col0,
+                         index_t cols, Io& io) {
   int values_finite = -1;  // whether V holds no Inf or NaN: -1 until the first product asks
   const auto [lo, hi] = mods.window().positions_seeing(rows.position0, rows.positions, col0, cols);
   const index_t end = rows.position0 + rows.positions;
@@ -200,12 +209,12 @@ void attend_visible_rows(Tiles& t, const KeyOperand& k, const ValueOperand& v, c
     whole = whole && runs == 1;
   }
   if (whole) {
-    attend_key_tile(t, k, v, scales, mods, rows, 0, col0, values_finite, io);
+    attend_key_tile(t, k, v, scales, mods, dropout, rows, 0, col0, values_finite, io);
     return;
   }
   for (index_t g = 0; g < rows.heads; ++g)
     mods.for_row_runs(rows.head0 + g, lo, hi, col0, cols, [&](index_t a, index_t b) {
-      attend_key_tile(t, k, v, scales, mods, {rows.head0 + g, 1, a, b - a},
+      attend_key_tile(t, k, v, scales, mods, dropout, {rows.head0 + g, 1, a, b - a},
                       g * rows.positions + a - rows.position0, col0, values_finite, io);
     });
 }
@@ -264,6 +273,7 @@ template <class Loader, class T, class KV, class Scores, class Io>
 void forward_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const QueryBlock& blk, Loader& loader,
                   const Scores& scores, Io& io) {
   const auto mods = scores(p, blk.sequence, blk.range);
+  const ops::Dropout dropout(p.dropout, blk.sequence, p.heads());
   loader.for_each_head([&](auto& t, const QueryBlock& head) { start_query_block(p, head, t, io); });  // start
   const index_t bc = plan.key_tile_rows;
   const KeyRange keys = key_range(blk, mods, bc);
@@ -273,7 +283,7 @@ void forward_item(const ForwardParams<T, KV>& p, const TilePlan& plan, const Que
     loader.load(col0, cols, keys.key_end, io);       // load
     loader.for_each_operand(col0, cols, io, [&](auto& t, const auto& k, const auto& v, const TileScalesRef& scales,
                                                 const ops::PackedRows& rows) {
-      attend_visible_rows(t, k, v, scales, mods, rows, col0, cols, io);  // products, softmax, accumulate
+      attend_visible_rows(t, k, v, scales, mods, dropout, rows, col0, cols, io);  // products, softmax, accumulate
     });
   }
   loader.for_each_head([&](auto& t, const QueryBlock& head) { finish_query_block(p, head, t, io); });  // finish
@@ -285,7 +295,7 @@ void finish_query_block(const ForwardParams<T, KV>& p, const QueryBlock& blk, Ti
   else store_output(p, blk, t, io);
 }
 
-/// o /= l, lse; O and LSE stored (sinks folded in).
+/// o /= l (times dropout's 1 / (1 - p')), lse; O and LSE stored (sinks folded in).
 template <class T, class KV, class Tiles, class Io>
 void store_output(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t, Io& io) {
   constexpr float log2e = std::numbers::log2e_v<float>;
@@ -296,7 +306,8 @@ void store_output(const ForwardParams<T, KV>& p, const QueryBlock& blk, Tiles& t
     Tile<float> o_head = t.o.slice_rows(r0, rows.positions);
     const float sink = p.sinks.empty() ? 0.0f : p.sinks[static_cast<std::size_t>(head)] * log2e;
     const ops::RowStats stats = t.stats.slice(r0, rows.positions);
-    ops::finalize_rows(o_head, stats, t.lse.data() + r0, p.sinks.empty() ? nullptr : &sink);
+    ops::finalize_rows(o_head, stats, t.lse.data() + r0, p.sinks.empty() ? nullptr : &sink,
+                       ops::Dropout(p.dropout, blk.sequence, p.heads()).kept_scale());  // o *= 1 / (1 - p')
     if (p.hadamard) ops::hadamard_rows(o_head);                  // V stored as H v: O = H (P H v)
     store_rows(sequence_matrix(p.o, seq.view_batch, head, seq.q_start, seq.q_len), rows.position0, o_head, io);
     const auto store_rows_of = [&](const LseView& out, const float* values) {

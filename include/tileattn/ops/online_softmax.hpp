@@ -162,10 +162,21 @@ inline float probability_as(const Tile<bf16x2>&, float p) { return to_float(bf16
 /// fused, or two roundings where generic runs without FMA), as its float gemm sums (bf16
 /// pair tiles: P rounded to bf16 as in their product; the sum's order differs from
 /// vdpbf16ps's in the last bits).
-template <class ScoreTile, class AccTile, class ValueTile>
+namespace detail {
+/// The visible-values step's default treatment of a row's probabilities: none.
+struct KeepAll {
+  template <class RowTile>
+  void operator()(RowTile&, index_t, float = 1.0f, index_t = 0) const {}
+};
+}  // namespace detail
+
+/// `drop(row, keys, 1, i)` is called on each row's P (a 1-row tile) after its step and
+/// before P V: dropout (ops/dropout.hpp) zeroes P there; a dropped key stays visible, so an
+/// Inf or NaN value of it still reaches the row (0 * Inf), as in PyTorch's dropout(P) V.
+template <class ScoreTile, class AccTile, class ValueTile, class Drop = detail::KeepAll>
 void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& o,
                                         const ValueTile& v, float to_log2,
-                                        const float* value_scales = nullptr) {
+                                        const float* value_scales = nullptr, const Drop& drop = {}) {
   thread_local std::vector<unsigned char> visible;  // one row's keys: this rare path's only buffer
   visible.resize(static_cast<std::size_t>(s.cols()));
   for (index_t i = 0; i < s.rows(); ++i) {
@@ -175,6 +186,7 @@ void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& 
     const float* p = s_row.row(0);
     for (index_t j = 0; j < s.cols(); ++j) visible[static_cast<std::size_t>(j)] = p[j] != negative_infinity;
     online_softmax_step(s_row, row_stats, o_row, to_log2);
+    drop(s_row, s.cols(), 1.0f, i);
     float* out = o_row.row(0);
     for (index_t j = 0; j < s.cols(); ++j) {
       if (!visible[static_cast<std::size_t>(j)]) continue;
@@ -198,10 +210,12 @@ void normalize_rows(AccTile& o, const RowStats& stats) {
 /// Deferred normalization of one row: o (cols values) /= sum, and lse = ln(sum) + max in
 /// natural-log units. A sink (a logit in log2 units that joins the denominator without a
 /// value; -inf: none) may be given. A row that saw no unmasked key gets o = 0 and lse = -inf
-/// (or the sink's logit); a row that saw a NaN gets NaN. max and sum end as the row's final
+/// (or the sink's logit); a row that saw a NaN gets NaN. o_scale multiplies o besides
+/// (dropout's 1 / (1 - p), folded into the one scaling). max and sum end as the row's final
 /// statistics, the sink folded in, which the backward reads where the float LSE cannot carry
 /// them (kernels/backward.hpp).
-inline void finalize_row(float* o, index_t cols, float& max, float& sum, float& lse, const float* sink = nullptr) {
+inline void finalize_row(float* o, index_t cols, float& max, float& sum, float& lse, const float* sink = nullptr,
+                         float o_scale = 1.0f) {
   constexpr float ln2 = std::numbers::ln2_v<float>;
   float o_factor = 1.0f;
   if (sink && *sink != negative_infinity) {  // fold 2^(sink - max) into the sum, under the larger maximum
@@ -215,15 +229,16 @@ inline void finalize_row(float* o, index_t cols, float& max, float& sum, float& 
     lse = negative_infinity;
     return;
   }
-  arch::native::scale(o, cols, o_factor / sum);
+  arch::native::scale(o, cols, o_factor / sum * o_scale);
   lse = (max + std::log2(sum)) * ln2;
 }
 
 /// finalize_row for each row of a tile; `stats` (a view: RowStats are tiles) ends as the
 /// rows' final statistics.
 template <class AccTile>
-void finalize_rows(AccTile& o, RowStats stats, float* lse, const float* sink = nullptr) {
-  for (index_t i = 0; i < o.rows(); ++i) finalize_row(o.row(i), o.cols(), stats.max[i], stats.sum[i], lse[i], sink);
+void finalize_rows(AccTile& o, RowStats stats, float* lse, const float* sink = nullptr, float o_scale = 1.0f) {
+  for (index_t i = 0; i < o.rows(); ++i)
+    finalize_row(o.row(i), o.cols(), stats.max[i], stats.sum[i], lse[i], sink, o_scale);
 }
 
 }  // namespace tileattn::ops
