@@ -238,6 +238,8 @@ void build_options(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
     for (std::size_t i = 0; i < n; ++i) p.mask[i] = (rng() % 4) != 0;
     o.mask = {p.mask.get(), score_shape, score_stride};
   }
+  if (in.ConsumeIntegralInRange(0, 3) == 0)  // dropout (p small: the error bounds hold at 1 / (1 - p))
+    o.dropout = {in.ConsumeBool() ? 0.1f : 0.25f, rng(), in.ConsumeIntegral<std::uint32_t>()};
   p.budget_choice = in.ConsumeIntegralInRange(0, 3);
   p.budget_bytes = in.ConsumeIntegralInRange<std::size_t>(0, 1u << 20);
   const Backend backends[] = {Backend::automatic, Backend::serial, Backend::openmp, Backend::tbb};
@@ -378,6 +380,7 @@ void corrupt(int choice, Problem& p, Tensors<T>& t, std::vector<float>& spare) {
       break;
     case 26: view(tdv).data = const_cast<T*>(view(tdo).data); break;        // dV aliases dO
     case 27: o.softcap = std::numeric_limits<float>::max(); break;         // softcap * log2(e) overflows
+    case 30: o.dropout = {0.5f, 1, std::uint64_t{1} << 32}; break;          // dropout.offset past 32 bits
     case 28:  // varlen: cu_seqlens_q stored in dQ's memory (issue 27, N1)
       if (p.varlen) p.cu_q_at = lengths_in(p.cu_q, t[tdq]);
       break;
@@ -410,6 +413,8 @@ std::string describe(const Problem& p, const Tensors<T>& t) {
                   std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " chunk " +
                   std::to_string(o.attention_chunk) + (o.batch_invariant ? " batch_invariant" : "") + " softcap " +
                   std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
+                  " dropout " + std::to_string(o.dropout.p) + "/" + std::to_string(o.dropout.seed) + "/" +
+                  std::to_string(o.dropout.offset) +
                   " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) +
                   " dsinks " + std::to_string(o.dsinks.size()) + " bias " + std::to_string(p.bias.size()) +
                   " dbias " + std::to_string(o.dbias.data != nullptr) + " mask " + std::to_string(p.mask != nullptr) +

@@ -225,6 +225,8 @@ void build(FuzzedDataProvider& in, Problem& p, std::mt19937& rng) {
     for (std::size_t i = 0; i < n; ++i) p.mask[i] = (rng() % 4) != 0;
     o.mask = {p.mask.get(), {bb, bh, sq, sk}, {bh * sq * sk, sq * sk, sk, 1}};
   }
+  if (in.ConsumeIntegralInRange(0, 3) == 0)  // dropout (p small: O's error bound holds at 1 / (1 - p))
+    o.dropout = {in.ConsumeBool() ? 0.1f : 0.25f, rng(), in.ConsumeIntegral<std::uint32_t>()};
   switch (in.ConsumeIntegralInRange(0, 3)) {
     case 0: o.sram_budget_bytes = 0; break;
     case 1: o.sram_budget_bytes = tileattn::test::rows_budget_any(3, p.d, p.dv); break;
@@ -363,6 +365,7 @@ void corrupt(int choice, Problem& p, Typed<T>& t) {
       if (p.varlen) p.cu_k.back() += 5;                                     // past the buffer
       break;
     case 16: p.sinks.assign(1, 0.0f), p.opts.sinks = p.sinks; break;        // wrong count (unless hq == 1)
+    case 17: p.opts.dropout.p = 1.0f; break;                                 // dropout.p outside [0, 1)
     default: break;  // no corruption
   }
 }
@@ -388,6 +391,8 @@ std::string describe(const Problem& p, const Typed<T>& t, const Extension& e) {
                   std::to_string(o.window_left) + "," + std::to_string(o.window_right) + " chunk " +
                   std::to_string(o.attention_chunk) + (o.batch_invariant ? " batch_invariant" : "") + " softcap " +
                   std::to_string(o.softcap) + " scale " + (o.softmax_scale ? std::to_string(*o.softmax_scale) : "default") +
+                  " dropout " + std::to_string(o.dropout.p) + "/" + std::to_string(o.dropout.seed) + "/" +
+                  std::to_string(o.dropout.offset) +
                   " alibi " + std::to_string(p.slopes.size()) + " sinks " + std::to_string(p.sinks.size()) +
                   " bias " + std::to_string(p.bias.size()) + " mask " + std::to_string(p.mask != nullptr) +
                   " budget " + std::to_string(o.sram_budget_bytes) + " backend " + to_string(o.execution.backend) +
