@@ -64,7 +64,10 @@ NB_MODULE(_C, m) {
       .def_rw("dbias", &Options::dbias, nb::arg().none())
       .def_rw("num_threads", &Options::num_threads)
       .def_rw("sram_budget_bytes", &Options::sram_budget_bytes)
-      .def_rw("num_splits", &Options::num_splits);
+      .def_rw("num_splits", &Options::num_splits)
+      .def_rw("dropout_p", &Options::dropout_p)
+      .def_rw("dropout_seed", &Options::dropout_seed)
+      .def_rw("dropout_offset", &Options::dropout_offset);
 
   tileattn::python::bind_attention(m);
   tileattn::python::bind_paged(m);

@@ -3,6 +3,7 @@
 // holds (ALiBi slopes, sinks, bias, mask, 8-bit scales, dsinks, dbias) are kept alive by it.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "arrays.hpp"
@@ -25,6 +26,8 @@ struct Options {
   int num_threads = 0;
   std::size_t sram_budget_bytes = 0;
   index_t num_splits = 0;
+  float dropout_p = 0.0f;
+  std::uint64_t dropout_seed = 0, dropout_offset = 0;
 };
 
 /// The score options and execution of `o` as the kernels take them.
@@ -43,6 +46,7 @@ inline void fill(ForwardOptions& f, const Options& o) {
   f.mask = view_of<const bool, 4>(o.mask, "mask");
   f.k_scale = view_of<const float, 2>(o.k_scale, "k_scale");
   f.v_scale = view_of<const float, 2>(o.v_scale, "v_scale");
+  f.dropout = {o.dropout_p, o.dropout_seed, o.dropout_offset};
   f.execution.num_threads = o.num_threads;
   f.sram_budget_bytes = o.sram_budget_bytes;
 }

@@ -362,7 +362,7 @@ def test_errors_name_the_parameter_and_write_nothing():
     with pytest.raises(tileattn.InvalidArgument, match="float64"):
         ta.attention(q.double(), k.double(), v.double())
     with pytest.raises(tileattn.InvalidArgument, match="dropout_p"):
-        ta.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        ta.scaled_dot_product_attention(q, k, v, dropout_p=1.0)
     with pytest.raises(tileattn.InvalidArgument, match="enable_gqa"):
         ta.scaled_dot_product_attention(q.transpose(1, 2), k[:, :, :1].transpose(1, 2), v[:, :, :1].transpose(1, 2))
     with pytest.raises(tileattn.InvalidArgument) as e:
@@ -389,15 +389,17 @@ def test_opcheck_every_op():
     for t in (q, k, v, sinks, bias):
         t.requires_grad_(True)
     ops = torch.ops.tileattn
-    torch.library.opcheck(ops.fwd, (q, k, v, 0.5, True, False, -1, -1, 0.0, None, sinks, bias, None))
-    o, lse = ops.fwd(q, k, v, None, False, False, -1, -1, 0.0, None, None, None, None)
+    rng = torch.tensor([11, 2], dtype=torch.int64)  # dropout's [seed, offset]
+    torch.library.opcheck(ops.fwd, (q, k, v, 0.5, True, False, -1, -1, 0.0, None, sinks, bias, None, 0.0, None))
+    torch.library.opcheck(ops.fwd, (q, k, v, 0.5, True, False, -1, -1, 0.0, None, sinks, bias, None, 0.2, rng))
+    o, lse = ops.fwd(q, k, v, None, False, False, -1, -1, 0.0, None, None, None, None, 0.0, None)
     # The backward has no backward of its own (no double backward): its inputs need no gradient.
     d = [t.detach() for t in (q, k, v, sinks, bias)]
     torch.library.opcheck(ops.bwd, (o.detach(), d[0], d[1], d[2], o.detach(), lse, None, False, False, -1, -1, 0.0,
-                                    None, d[3], d[4], None, True, True))
+                                    None, d[3], d[4], None, 0.2, rng, True, True))
     cu = torch.tensor([0, 2, 6], dtype=torch.int32)
     torch.library.opcheck(ops.varlen_fwd, (q[0], k[0, :6], v[0, :6], cu, cu, 4, 4, None, True, -1, -1, 0.0, None,
-                                           None))
+                                           None, 0.3, rng))
     k_pool, v_pool = randn(3, 4, 2, 16, seed=6), randn(3, 4, 2, 16, seed=7)
     table, lens = torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([7], dtype=torch.int32)
     torch.library.opcheck(ops.paged_fwd, (q[:, :1].detach(), k_pool, v_pool, table, lens, None, False, -1, -1, 0.0,

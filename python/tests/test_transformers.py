@@ -305,11 +305,16 @@ def test_attention_forward_sinks_and_softcap_with_grads():
     torch.testing.assert_close(got, _eager(q, k, v, 0.25, softcap=2.0, sinks=m.sinks), atol=1e-5, rtol=1e-5)
 
 
-def test_dropout_in_training_raises():
+def test_dropout_applies_in_training_only():
     m = _Module(groups=2)
     q, k, v = _qkv()
-    m.train()
-    with pytest.raises(ValueError, match="dropout"):
-        tt.attention_forward(m, q, k, v, None, dropout=0.1)
     m.eval()
-    tt.attention_forward(m, q, k, v, None, dropout=0.1)  # ignored outside training, as nn.Dropout does
+    plain, _ = tt.attention_forward(m, q, k, v, None)
+    got, _ = tt.attention_forward(m, q, k, v, None, dropout=0.5)  # ignored outside training, as nn.Dropout does
+    assert torch.equal(got, plain)
+    m.train()
+    torch.manual_seed(3)
+    a, _ = tt.attention_forward(m, q, k, v, None, dropout=0.5)
+    torch.manual_seed(3)
+    b, _ = tt.attention_forward(m, q, k, v, None, dropout=0.5)
+    assert torch.equal(a, b) and not torch.equal(a, plain)

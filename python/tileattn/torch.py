@@ -107,6 +107,35 @@ def _options(scale: Optional[float], causal: bool, top_left: bool, window_left: 
     return o
 
 
+def _set_dropout(o: "_C.Options", dropout_p: float, rng: Optional[Tensor]) -> "_C.Options":
+    """Dropout's probability and stream (rng: int64 [seed, offset]) on the options."""
+    if dropout_p != 0.0:
+        seed, offset = (int(x) for x in rng.tolist())
+        o.dropout_p = dropout_p
+        o.dropout_seed = seed & 0xFFFFFFFFFFFFFFFF
+        o.dropout_offset = offset
+    return o
+
+
+def _dropout_rng(dropout_p: float, rng: Optional[Tensor], generator: Optional[torch.Generator] = None,
+                 name: str = "dropout_p") -> Optional[Tensor]:
+    """Checks dropout_p and returns the stream a call with it uses: rng as given (an int64 tensor
+    [seed, offset], offset < 2**32), else a seed drawn from torch's generator (``torch.manual_seed``
+    makes it reproducible; traceable by torch.compile) with offset 0; None without dropout."""
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
+        raise _invalid(name, f"must be in [0, 1), got {dropout_p}")
+    if dropout_p == 0.0:
+        return None
+    if rng is None:
+        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64, generator=generator)
+        return torch.cat([seed, torch.zeros(1, dtype=torch.int64)])
+    if not isinstance(rng, Tensor) or rng.dtype != torch.int64 or tuple(rng.shape) != (2,):
+        raise _invalid("dropout_rng", "must be an int64 tensor [seed, offset]")
+    if not torch.compiler.is_compiling() and not 0 <= int(rng[1]) < 2**32:
+        raise _invalid("dropout_rng", f"offset must be in [0, 2**32), got {int(rng[1])}")
+    return rng
+
+
 def _effective_scale(scale: Optional[float]) -> Tuple[Optional[float], float]:
     """PyTorch accepts any finite scale; the kernels take scale > 0. scale < 0 runs -q at |scale|
     and scale 0 runs q = 0 at scale 1 (negation is exact), so the scores are the same.
@@ -157,11 +186,12 @@ def _split_mask(attn_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], Optional
 
 def _fwd_impl(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], causal: bool, top_left: bool,
               window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-              sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+              sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor], dropout_p: float,
+              dropout_rng: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     o, lse = _dense_outputs(q, k, v)
     q_run, scale_run, _ = _effective_q(q, scale)
-    _run(_C.forward, q_run, k, v, o, lse,
-         _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias, mask))
+    opts = _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias, mask)
+    _run(_C.forward, q_run, k, v, o, lse, _set_dropout(opts, dropout_p, dropout_rng))
     return o, lse
 
 
@@ -169,7 +199,8 @@ _fwd = torch.library.custom_op("tileattn::fwd", _fwd_impl, mutates_args=(), devi
 
 
 @_fwd.register_fake
-def _(q, k, v, scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias, mask):
+def _(q, k, v, scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias, mask,
+      dropout_p, dropout_rng):
     B, Nq, Hq, _ = q.shape
     return q.new_empty((B, Nq, Hq, v.shape[3])), q.new_empty((B, Hq, Nq), dtype=torch.float32)
 
@@ -178,11 +209,12 @@ def _(q, k, v, scale, causal, top_left, window_left, window_right, softcap, alib
 def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, scale: Optional[float],
          causal: bool, top_left: bool, window_left: int, window_right: int, softcap: float,
          alibi_slopes: Optional[Tensor], sinks: Optional[Tensor], bias: Optional[Tensor], mask: Optional[Tensor],
-         want_dsinks: bool, want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+         dropout_p: float, dropout_rng: Optional[Tensor], want_dsinks: bool,
+         want_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     q_run, scale_run, dq_sign = _effective_q(q, scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    opts = _options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks, bias,
-                    mask)
+    opts = _set_dropout(_options(scale_run, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks,
+                                 bias, mask), dropout_p, dropout_rng)
     dsinks = q.new_empty((q.shape[2] if want_dsinks else 0,), dtype=torch.float32)
     dbias = q.new_empty(tuple(bias.shape) if want_dbias else (0, 0, 0, 0), dtype=torch.float32)
     if want_dsinks:
@@ -197,7 +229,7 @@ def _bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, 
 
 @_bwd.register_fake
 def _(dout, q, k, v, o, lse, scale, causal, top_left, window_left, window_right, softcap, alibi_slopes, sinks,
-      bias, mask, want_dsinks, want_dbias):
+      bias, mask, dropout_p, dropout_rng, want_dsinks, want_dbias):
     dsinks = q.new_empty((q.shape[2] if want_dsinks else 0,),
                          dtype=sinks.dtype if want_dsinks else torch.float32)
     dbias = q.new_empty(tuple(bias.shape) if want_dbias else (0, 0, 0, 0),
@@ -206,20 +238,21 @@ def _(dout, q, k, v, o, lse, scale, causal, top_left, window_left, window_right,
 
 
 def _fwd_setup(ctx, inputs, output):
-    q, k, v, scale, causal, top_left, wl, wr, softcap, alibi, sinks, bias, mask = inputs
+    q, k, v, scale, causal, top_left, wl, wr, softcap, alibi, sinks, bias, mask, dropout_p, dropout_rng = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, alibi, sinks, bias, mask)
+    ctx.save_for_backward(q, k, v, o, lse, alibi, sinks, bias, mask, dropout_rng)
     ctx.mark_non_differentiable(lse)  # a statistic, as FlashAttention's: the gradient flows through out
     ctx.args = (scale, causal, top_left, wl, wr, softcap)
+    ctx.dropout_p = dropout_p
     ctx.want = (sinks is not None and ctx.needs_input_grad[10], bias is not None and ctx.needs_input_grad[11])
 
 
 def _fwd_backward(ctx, dout, dlse):
-    q, k, v, o, lse, alibi, sinks, bias, mask = ctx.saved_tensors
+    q, k, v, o, lse, alibi, sinks, bias, mask, dropout_rng = ctx.saved_tensors
     dq, dk, dv, dsinks, dbias = _bwd(dout.contiguous(), q, k, v, o, lse, *ctx.args, alibi, sinks, bias, mask,
-                                     *ctx.want)
+                                     ctx.dropout_p, dropout_rng, *ctx.want)  # the forward's dropout, regenerated
     return (dq, dk, dv, None, None, None, None, None, None, None, dsinks if ctx.want[0] else None,
-            dbias if ctx.want[1] else None, None)
+            dbias if ctx.want[1] else None, None, None, None)
 
 
 torch.library.register_autograd("tileattn::fwd", _fwd_backward, setup_context=_fwd_setup)
@@ -243,7 +276,8 @@ def _bias_4d(bias: Optional[Tensor], B: int, H: int, Nq: int, Nk: int, name: str
 def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: Optional[float] = None, causal: bool = False,
               top_left: bool = False, window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
               alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-              mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+              mask: Optional[Tensor] = None, dropout_p: float = 0.0, dropout_rng: Optional[Tensor] = None,
+              generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor]:
     """Attention in tileattn's (FlashAttention's) layout: q [B, Nq, Hq, D], k, v [B, Nk, Hkv, D(v)],
     Hq % Hkv == 0. Returns (out [B, Nq, Hq, Dv], lse [B, Hq, Nq] float32). out is differentiable
     in q, k, v, sinks and bias; lse is not (a statistic, as FlashAttention's softmax_lse).
@@ -253,7 +287,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: Optional[float]
     [B, Hq]; sinks [Hq] (a logit per head joining every row's denominator); bias (additive, any
     float dtype) and mask (bool, True attends) broadcastable to [B, Hq, Nq, Nk].
     softmax_scale: any finite value (default 1/sqrt(D)).
+    dropout_p: FlashAttention's attention dropout (P's entries dropped with probability
+    dropout_p, in steps of 1/256, after the softmax, out scaled by 1 / (1 - that); lse is the
+    undropped softmax's). Its decisions come from Philox 4x32-10 keyed by dropout_rng, an int64 tensor
+    [seed, offset] (offset < 2**32), else by a seed drawn from ``generator`` (torch's default:
+    ``torch.manual_seed`` reproduces it) with offset 0; the backward regenerates them. The
+    same for every thread count (docs/python.md, "Dropout").
     """
+    dropout_rng = _dropout_rng(dropout_p, dropout_rng, generator)
     B, Nq, Hq, _ = q.shape
     Nk = k.shape[1]
     # float32 before broadcasting: a [B, 1, 1, S] bf16 bias converts S values, not Nq x S (the
@@ -263,20 +304,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, softmax_scale: Optional[float]
     sinks, alibi_slopes = _float32(sinks), _float32(alibi_slopes)
     op = _fwd_impl if _eager(q, k, v, alibi_slopes, sinks, bias, mask) else _fwd
     return op(q, k, v, softmax_scale, causal, top_left, int(window[0]), int(window[1]), float(softcap), alibi_slopes,
-              sinks, bias, mask)
+              sinks, bias, mask, float(dropout_p), dropout_rng)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
-                                 enable_gqa: bool = False) -> Tensor:
+                                 enable_gqa: bool = False, *, generator: Optional[torch.Generator] = None) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention``'s call and semantics on tileattn:
     query [B, Hq, L, E] (or [Hq, L, E]), key [B, Hkv, S, E], value [B, Hkv, S, Ev]; attn_mask bool
     (True attends) or float (added), broadcastable to [B, Hq, L, S]; is_causal top-left aligned;
     enable_gqa lets Hkv divide Hq. A row that every mask entry hides gives 0 (SDPA's fused CPU
-    kernel gives 0 too). dropout_p must be 0. Returns [B, Hq, L, Ev] (a view of a [B, L, Hq, Ev]
-    tensor)."""
-    if dropout_p != 0.0:
-        raise _invalid("dropout_p", f"must be 0 (tileattn has no dropout), got {dropout_p}")
+    kernel gives 0 too). dropout_p: applied as SDPA does (whatever the module's training flag),
+    its seed drawn from torch's generator (attention()'s dropout). Returns [B, Hq, L, Ev] (a view
+    of a [B, L, Hq, Ev] tensor)."""
     squeeze = query.dim() == 3
     if squeeze:
         query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
@@ -287,7 +327,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                  f"{query.shape[1]}: pass enable_gqa=True for grouped-query attention")
     bias, mask = _split_mask(attn_mask)
     out, _ = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale,
-                       causal=is_causal, top_left=True, bias=bias, mask=mask)
+                       causal=is_causal, top_left=True, bias=bias, mask=mask, dropout_p=dropout_p, generator=generator)
     out = out.transpose(1, 2)
     return out.squeeze(0) if squeeze else out
 
@@ -298,15 +338,15 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
 def _varlen_fwd_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                      max_seqlen_q: int, max_seqlen_k: int, scale: Optional[float], causal: bool, window_left: int,
                      window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                     sinks: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                     sinks: Optional[Tensor], dropout_p: float, dropout_rng: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_storage(name, t)
     o = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     q_run, scale_run, _ = _effective_q(q, scale)
+    opts = _options(scale_run, causal, False, window_left, window_right, softcap, alibi_slopes, sinks, None, None)
     _run(_C.forward_varlen, q_run, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                      max_seqlen_k, _options(scale_run, causal, False, window_left, window_right, softcap,
-                                             alibi_slopes, sinks, None, None))
+                      max_seqlen_k, _set_dropout(opts, dropout_p, dropout_rng))
     return o, lse
 
 
@@ -315,7 +355,7 @@ _varlen_fwd = torch.library.custom_op("tileattn::varlen_fwd", _varlen_fwd_impl, 
 
 @_varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left, window_right,
-      softcap, alibi_slopes, sinks):
+      softcap, alibi_slopes, sinks, dropout_p, dropout_rng):
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2])), q.new_empty((q.shape[1], q.shape[0]),
                                                                           dtype=torch.float32)
 
@@ -324,10 +364,12 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, ca
 def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
                 cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, scale: Optional[float], causal: bool,
                 window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                sinks: Optional[Tensor], want_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                sinks: Optional[Tensor], dropout_p: float, dropout_rng: Optional[Tensor],
+                want_dsinks: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     q_run, scale_run, dq_sign = _effective_q(q, scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    opts = _options(scale_run, causal, False, window_left, window_right, softcap, alibi_slopes, sinks, None, None)
+    opts = _set_dropout(_options(scale_run, causal, False, window_left, window_right, softcap, alibi_slopes, sinks,
+                                 None, None), dropout_p, dropout_rng)
     dsinks = q.new_empty((q.shape[1] if want_dsinks else 0,), dtype=torch.float32)
     if want_dsinks:
         opts.dsinks = _dl(dsinks)
@@ -339,25 +381,26 @@ def _varlen_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
 
 @_varlen_bwd.register_fake
 def _(dout, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, window_left,
-      window_right, softcap, alibi_slopes, sinks, want_dsinks):
+      window_right, softcap, alibi_slopes, sinks, dropout_p, dropout_rng, want_dsinks):
     dsinks = q.new_empty((q.shape[1] if want_dsinks else 0,), dtype=sinks.dtype if want_dsinks else torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 def _varlen_setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, alibi, sinks = inputs
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, wl, wr, softcap, alibi, sinks, dropout_p, dropout_rng = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, sinks)
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, alibi, sinks, dropout_rng)
     ctx.mark_non_differentiable(lse)
     ctx.args = (max_q, max_k, scale, causal, wl, wr, softcap)
+    ctx.dropout_p = dropout_p
     ctx.want_dsinks = sinks is not None and ctx.needs_input_grad[13]
 
 
 def _varlen_backward(ctx, dout, dlse):
-    q, k, v, o, lse, cu_q, cu_k, alibi, sinks = ctx.saved_tensors
+    q, k, v, o, lse, cu_q, cu_k, alibi, sinks, dropout_rng = ctx.saved_tensors
     dq, dk, dv, dsinks = _varlen_bwd(dout.contiguous(), q, k, v, o, lse, cu_q, cu_k, *ctx.args, alibi, sinks,
-                                     ctx.want_dsinks)
-    return (dq, dk, dv) + (None,) * 10 + (dsinks if ctx.want_dsinks else None,)
+                                     ctx.dropout_p, dropout_rng, ctx.want_dsinks)
+    return (dq, dk, dv) + (None,) * 10 + (dsinks if ctx.want_dsinks else None, None, None)
 
 
 torch.library.register_autograd("tileattn::varlen_fwd", _varlen_backward, setup_context=_varlen_setup)
@@ -366,14 +409,18 @@ torch.library.register_autograd("tileattn::varlen_fwd", _varlen_backward, setup_
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                      max_seqlen_q: int, max_seqlen_k: int, *, softmax_scale: Optional[float] = None,
                      causal: bool = False, window: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                     alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                     alibi_slopes: Optional[Tensor] = None, sinks: Optional[Tensor] = None, dropout_p: float = 0.0,
+                     dropout_rng: Optional[Tensor] = None,
+                     generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor]:
     """FlashAttention's ``flash_attn_varlen_func``: packed q [total_q, Hq, D], k, v [total_k, Hkv, D(v)];
     sequence b owns rows ``cu_seqlens[b]:cu_seqlens[b+1]`` (int32). Causal is bottom-right aligned
-    per sequence. Returns (out [total_q, Hq, Dv], lse [Hq, total_q]). Differentiable in q, k, v, sinks."""
+    per sequence. dropout_p, dropout_rng, generator: as attention()'s (each sequence its own
+    stream). Returns (out [total_q, Hq, Dv], lse [Hq, total_q]). Differentiable in q, k, v, sinks."""
+    dropout_rng = _dropout_rng(dropout_p, dropout_rng, generator)
     sinks, alibi_slopes = _float32(sinks), _float32(alibi_slopes)
     op = _varlen_fwd_impl if _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks) else _varlen_fwd
     return op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), softmax_scale, causal,
-              int(window[0]), int(window[1]), float(softcap), alibi_slopes, sinks)
+              int(window[0]), int(window[1]), float(softcap), alibi_slopes, sinks, float(dropout_p), dropout_rng)
 
 
 # ----------------------------------------------------------------------------------------------

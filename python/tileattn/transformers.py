@@ -32,7 +32,9 @@ sliding windows and packing. The attention function then calls
   differentiable bias) and ``scaling`` go to the kernel. ``sliding_window`` is carried by
   the mask; without one it is passed to the kernel as well (then it changes nothing, as
   transformers only skips the mask while the keys fit in the window).
-- dropout > 0 in training raises: tileattn has no attention dropout.
+- ``dropout`` (the model's ``attention_dropout``) is tileattn's attention dropout while the
+  module is training (ignored otherwise, as ``nn.Dropout`` does): its seed drawn from torch's
+  generator, its decisions regenerated in the backward.
 """
 from __future__ import annotations
 
@@ -68,10 +70,8 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     query [B, Hq, L, D], key [B, Hkv, S, D], value [B, Hkv, S, Dv], attention_mask None, bool
     (True attends) or float (added), broadcastable to [B, Hq, L, S]. Returns
     (attn_output [B, L, Hq, Dv] contiguous, None)."""
-    if dropout and dropout > 0.0 and getattr(module, "training", False):
-        raise ValueError(
-            f"tileattn: attention dropout is not supported (got dropout={dropout} in training mode): set the "
-            "model config's attention_dropout to 0.0, or use attn_implementation='sdpa' or 'eager' to train with it")
+    # Dropout in training only, as nn.Dropout (transformers passes 0 outside training anyway).
+    dropout_p = float(dropout) if dropout and getattr(module, "training", False) else 0.0
     if kwargs.get("output_attentions", False):
         _warn_once_output_attentions()
 
@@ -118,7 +118,7 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
 
     out, _ = _ta.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                            softmax_scale=scaling, causal=causal, top_left=False, window=window, softcap=softcap,
-                           sinks=sinks, bias=bias, mask=mask)
+                           sinks=sinks, bias=bias, mask=mask, dropout_p=dropout_p)
     return out, None
 
 
