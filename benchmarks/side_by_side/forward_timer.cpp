@@ -14,7 +14,8 @@
 // where subnormal floats cost a microcode assist each). SLABS="0 32 64" and PANELS="128 512" (headers
 // with AMX panels, arch/prepared_pairs.hpp) time each AMX slab height and panel width in turn
 // within every repeat, one line each ("slab 0": no panels, the whole tile at once), so their
-// ratios come from one run.
+// ratios come from one run. DROPOUT="0 10" (percent; headers with DropoutOptions) does the same
+// for the drop probability: issue 46's forward with dropout against the one without.
 #include <tileattn/tileattn.hpp>
 #include <algorithm>
 #include <chrono>
@@ -34,6 +35,9 @@
 
 #if __has_include(<tileattn/arch/prepared_pairs.hpp>)
 #define TIMER_HAS_SLABS 1
+#endif
+#if __has_include(<tileattn/ops/dropout.hpp>)
+#define TIMER_HAS_DROPOUT 1
 #endif
 
 /// The numbers in environment variable `name` (AMX slab heights, panel widths), or one entry,
@@ -68,16 +72,24 @@ int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, in
   ForwardOptions opts;
   opts.causal = causal;
   opts.execution = {Backend::openmp, threads};
-  std::vector<std::pair<long, long>> runs;  // (slab, panel)
+  struct Run {
+    long slab, panel, dropout;  // dropout: p in percent, -1: none
+  };
+  std::vector<Run> runs;
   for (const long slab : settings("SLABS"))
-    for (const long panel : settings("PANELS")) runs.push_back({slab, panel});
+    for (const long panel : settings("PANELS"))
+      for (const long dropout : settings("DROPOUT")) runs.push_back({slab, panel, dropout});
   std::vector<std::vector<double>> s(runs.size());
   for (int r = 0; r <= repeats; ++r)
     for (std::size_t i = 0; i < runs.size(); ++i) {
 #if TIMER_HAS_SLABS
-      arch::tile_slab_rows = runs[i].first < 0 ? 64 : runs[i].first;
-      arch::dot_product_slab_rows = runs[i].first < 0 ? 64 : runs[i].first;
-      tileattn::detail::panel_keys = runs[i].second < 0 ? 0 : runs[i].second;
+      arch::tile_slab_rows = runs[i].slab < 0 ? 64 : runs[i].slab;
+      arch::dot_product_slab_rows = runs[i].slab < 0 ? 64 : runs[i].slab;
+      tileattn::detail::panel_keys = runs[i].panel < 0 ? 0 : runs[i].panel;
+#endif
+#if TIMER_HAS_DROPOUT
+      opts.dropout = {runs[i].dropout < 0 ? 0.0f : static_cast<float>(runs[i].dropout) / 100.0f, 1234,
+                      static_cast<std::uint64_t>(r)};
 #endif
       const auto t0 = std::chrono::steady_clock::now();
       forward(make_bshd<const T>(q.data(), batch, n, hq, d), make_bshd<const T>(k.data(), batch, n, hkv, d),
@@ -90,8 +102,10 @@ int time_forward(long n, long d, long hq, long hkv, bool causal, int threads, in
     char tag[64] = "";
     if (batch > 1) std::snprintf(tag, sizeof tag, " B %ld", batch);
     if (qscale != 1.0f) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " Q x%g", qscale);
-    if (runs[i].first >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " slab %ld", runs[i].first);
-    if (runs[i].second >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " panel %ld", runs[i].second);
+    if (runs[i].slab >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " slab %ld", runs[i].slab);
+    if (runs[i].panel >= 0) std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " panel %ld", runs[i].panel);
+    if (runs[i].dropout >= 0)
+      std::snprintf(tag + std::strlen(tag), sizeof tag - std::strlen(tag), " dropout %ld%%", runs[i].dropout);
     std::printf("N %ld d %ld H %ld/%ld %s threads %2d%s%s%s: GFLOP/s median %7.1f min %7.1f max %7.1f\n", n, d, hq,
                 hkv, causal ? "causal" : "full  ", threads, *type ? " " : "", type, tag,
                 flops / s[i][s[i].size() / 2] * 1e-9, flops / s[i].back() * 1e-9, flops / s[i].front() * 1e-9);
