@@ -8,9 +8,9 @@
 // shifted 0 to 3 elements), a padded or packed LSE, every option (causal and both
 // alignments, windows up to INT64_MAX, softcap from subnormal to 2e38, scales, ALiBi,
 // sinks with or without dsinks, bias with or without dbias (broadcast dimensions, padded
-// dbias rows), mask), the SRAM budget, backend and thread count, IO counting, NaN and Inf at
-// chosen elements of Q, K, V and dO, and then one corruption from a list of bad arguments (or
-// none; varlen: cu_seqlens stored in a gradient's memory among them). O and the LSE come from tileattn::forward on the same inputs and options (its
+// dbias rows), mask, dropout), the SRAM budget, backend and thread count, IO counting, NaN
+// and Inf at chosen elements of Q, K, V and dO, and then one corruption from a list of bad
+// arguments (or none; varlen: cu_seqlens stored in a gradient's memory among them). O and the LSE come from tileattn::forward on the same inputs and options (its
 // default budget: the backward's budget is the backward's own), run before the corruption.
 // Each backward call must either throw tileattn::invalid_argument naming its parameter with
 // dQ, dK, dV, dsinks, dbias and the IO counts untouched (bitwise), or write gradients that

@@ -4,8 +4,8 @@
 // shapes (head_dim and head_dim_v apart, GQA groups), memory layouts (padded rows, permuted
 // [B, H, N, D], stride-0 broadcast K/V), every option (causal and both alignments, windows
 // up to INT64_MAX, softcap from subnormal to FLT_MAX, scales, ALiBi, sinks, bias and mask
-// with broadcast dimensions), the SRAM budget, backend and thread count, NaN and Inf at
-// chosen elements, and then one corruption from a list of bad arguments (or none).
+// with broadcast dimensions, dropout), the SRAM budget, backend and thread count, NaN and
+// Inf at chosen elements, and then one corruption from a list of bad arguments (or none).
 // Each call must either throw tileattn::invalid_argument with O and LSE untouched, or
 // match the double-precision reference (NaN rows and all) within the accuracy bound,
 // writing nothing outside the O and LSE views (nor O rows or LSE entries of a varlen buffer
