@@ -1,7 +1,7 @@
 // tests/kernels/dropout_test.cpp: attention dropout (DropoutOptions), against
 // reference/dropout_reference.hpp's Philox written independently of the kernels':
 //   - Philox 4x32-10's published known answers (both generators);
-//   - every micro-kernel set's keep bits and their application, bit for bit;
+//   - every compiled micro-kernel set's keep bits and their application, bit for bit;
 //   - every kept / dropped decision of the forward (read off O with V = I), the keep rate
 //     within its binomial bound, and the same decisions for every backend, thread count,
 //     budget and storage type;
@@ -52,26 +52,35 @@ TEST(Philox, KnownAnswers) {
   }
 }
 
-/// Restores the process's micro-kernel set when a test that changes it ends.
-struct IsaGuard {
-  arch::Isa saved = arch::dispatched_isa();
-  ~IsaGuard() { arch::select_isa(saved); }
+/// One micro-kernel set's dropout functions.
+struct KeepBitsSet {
+  const char* name;
+  void (*keep_bits)(const arch::DropoutRow*, index_t, index_t, index_t, std::uint64_t*, index_t);
+  void (*apply_floats)(float*, index_t, const std::uint64_t*, index_t, float);
+  void (*apply_pairs)(bf16x2*, index_t, const std::uint64_t*, index_t);
 };
 
-/// The sets this process can run (one where the build fixed it).
-template <class F>
-void for_each_set(F&& f) {
-  IsaGuard guard;
-  for (arch::Isa isa : {arch::Isa::generic, arch::Isa::avx2, arch::Isa::avx512, arch::Isa::avx512_bf16}) {
-    if (!arch::select_isa(isa)) continue;
-    SCOPED_TRACE(active_isa());
-    f();
-  }
+/// Every set this binary compiles, by name (the scalar generic one, and the vector ones its
+/// target flags enable), and arch::native (a dispatched build's choice).
+std::vector<KeepBitsSet> keep_bits_sets() {
+  std::vector<KeepBitsSet> sets{
+      {"generic", &arch::generic::dropout_keep_bits, &arch::generic::apply_keep_bits, &arch::generic::apply_keep_bits}};
+#if defined(__AVX2__) && defined(__FMA__)
+  sets.push_back({"avx2", &arch::avx2::dropout_keep_bits, &arch::avx2::apply_keep_bits, &arch::avx2::apply_keep_bits});
+#endif
+#if defined(__AVX512F__)
+  sets.push_back(
+      {"avx512", &arch::avx512::dropout_keep_bits, &arch::avx512::apply_keep_bits, &arch::avx512::apply_keep_bits});
+#endif
+  sets.push_back({"native", &arch::native::dropout_keep_bits, &arch::native::apply_keep_bits,
+                  &arch::native::apply_keep_bits});
+  return sets;
 }
 
 TEST(Dropout, KeepBitsOfEverySetAreTheReferencesDecisions) {
-  std::mt19937_64 rng(7);
-  for_each_set([&] {
+  for (const KeepBitsSet& set : keep_bits_sets()) {
+    SCOPED_TRACE(set.name);
+    std::mt19937_64 rng(7);
     for (int trial = 0; trial < 40; ++trial) {
       DropoutOptions d{std::uniform_real_distribution<float>(0.0f, 0.99f)(rng), rng(), rng() % (1ull << 32)};
       if (trial == 0) d.p = 0.5f / 256;  // a threshold that rounds half up
@@ -86,7 +95,7 @@ TEST(Dropout, KeepBitsOfEverySetAreTheReferencesDecisions) {
       const ops::Dropout dropout(d, sequence, 7);
       std::vector<std::uint64_t> bits(static_cast<std::size_t>(2 * blocks + 1), 0);
       const arch::DropoutRow stream = dropout.row(head, query);
-      arch::native::dropout_keep_bits(&stream, 1, block, blocks, bits.data(), 0);
+      set.keep_bits(&stream, 1, block, blocks, bits.data(), 0);
       for (index_t j = 0; j < blocks * 128; ++j) {
         const bool kept = (bits[static_cast<std::size_t>(j / 64)] >> (j % 64)) & 1u;
         ASSERT_EQ(kept, reference::dropout_keeps(d, sequence, 7, head, query, block * 128 + j))
@@ -97,7 +106,7 @@ TEST(Dropout, KeepBitsOfEverySetAreTheReferencesDecisions) {
       std::vector<arch::DropoutRow> streams;
       for (index_t r = 0; r < rows; ++r) streams.push_back(dropout.row(head + r, query + 3 * r));
       std::vector<std::uint64_t> many(static_cast<std::size_t>(rows * ld), 0);
-      arch::native::dropout_keep_bits(streams.data(), rows, block, blocks, many.data(), ld);
+      set.keep_bits(streams.data(), rows, block, blocks, many.data(), ld);
       for (index_t r = 0; r < rows; ++r)
         for (index_t j = 0; j < blocks * 128; ++j)
           ASSERT_EQ((many[static_cast<std::size_t>(r * ld + j / 64)] >> (j % 64)) & 1u,
@@ -107,8 +116,8 @@ TEST(Dropout, KeepBitsOfEverySetAreTheReferencesDecisions) {
       const index_t bit0 = static_cast<index_t>(rng() % 64), n = std::min<index_t>(blocks * 128 - bit0, 77);
       std::vector<float> x(static_cast<std::size_t>(n) + 3, 1.5f);
       std::vector<bf16x2> pairs(static_cast<std::size_t>(n + 1) / 2 + 2, bf16x2{from_float<bf16>(1.5f), from_float<bf16>(1.5f)});
-      arch::native::apply_keep_bits(x.data(), n, bits.data(), bit0, 2.0f);
-      arch::native::apply_keep_bits(pairs.data(), n, bits.data(), bit0);
+      set.apply_floats(x.data(), n, bits.data(), bit0, 2.0f);
+      set.apply_pairs(pairs.data(), n, bits.data(), bit0);
       for (index_t j = 0; j < n; ++j) {
         const bool kept = reference::dropout_keeps(d, sequence, 7, head, query, block * 128 + bit0 + j);
         EXPECT_EQ(x[static_cast<std::size_t>(j)], kept ? 3.0f : 0.0f) << j;
@@ -120,7 +129,7 @@ TEST(Dropout, KeepBitsOfEverySetAreTheReferencesDecisions) {
         EXPECT_EQ(to_float(pairs[static_cast<std::size_t>(n / 2)].hi), 1.5f) << "past n";
       }
     }
-  });
+  }
 }
 
 /// A problem whose O shows dropout's decisions: V = I (seqlen_k = head_dim_v), so
