@@ -212,8 +212,10 @@ def test_bad_dropout_arguments_name_themselves():
             ta.attention(q, q, q, dropout_p=p)
     with pytest.raises(tileattn.InvalidArgument, match="dropout_rng"):
         ta.attention(q, q, q, dropout_p=0.1, dropout_rng=torch.tensor([1.0, 2.0]))
-    with pytest.raises(tileattn.InvalidArgument, match="dropout"):
+    with pytest.raises(tileattn.InvalidArgument, match="dropout_rng"):
         ta.attention(q, q, q, dropout_p=0.1, dropout_rng=torch.tensor([1, 2**32]))
+    with pytest.raises(tileattn.InvalidArgument, match="dropout_rng"):  # the op itself, called directly
+        torch.ops.tileattn.fwd(q, q, q, None, False, False, -1, -1, 0.0, None, None, None, None, 0.1, None)
 
 
 def test_hugging_face_trains_with_attention_dropout():

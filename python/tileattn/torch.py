@@ -110,6 +110,8 @@ def _options(scale: Optional[float], causal: bool, top_left: bool, window_left: 
 def _set_dropout(o: "_C.Options", dropout_p: float, rng: Optional[Tensor]) -> "_C.Options":
     """Dropout's probability and stream (rng: int64 [seed, offset]) on the options."""
     if dropout_p != 0.0:
+        if rng is None:  # an op called directly (the wrappers always give one)
+            raise _invalid("dropout_rng", "must be given (an int64 tensor [seed, offset]) when dropout_p > 0")
         seed, offset = (int(x) for x in rng.tolist())
         o.dropout_p = dropout_p
         o.dropout_seed = seed & 0xFFFFFFFFFFFFFFFF
@@ -117,13 +119,13 @@ def _set_dropout(o: "_C.Options", dropout_p: float, rng: Optional[Tensor]) -> "_
     return o
 
 
-def _dropout_rng(dropout_p: float, rng: Optional[Tensor], generator: Optional[torch.Generator] = None,
-                 name: str = "dropout_p") -> Optional[Tensor]:
+def _dropout_rng(dropout_p: float, rng: Optional[Tensor],
+                 generator: Optional[torch.Generator] = None) -> Optional[Tensor]:
     """Checks dropout_p and returns the stream a call with it uses: rng as given (an int64 tensor
     [seed, offset], offset < 2**32), else a seed drawn from torch's generator (``torch.manual_seed``
     makes it reproducible; traceable by torch.compile) with offset 0; None without dropout."""
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= float(dropout_p) < 1.0:
-        raise _invalid(name, f"must be in [0, 1), got {dropout_p}")
+        raise _invalid("dropout_p", f"must be in [0, 1), got {dropout_p}")
     if dropout_p == 0.0:
         return None
     if rng is None:
