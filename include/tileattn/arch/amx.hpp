@@ -51,7 +51,7 @@
 #include "tileattn/arch/prepared_pairs.hpp"
 
 #if ((defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)) || \
-     TILEATTN_ARCH_DISPATCH) &&                                                                            \
+     TILEATTN_ARCH_X86_DISPATCH) &&                                                                            \
     defined(TILEATTN_AMX_DETECTION) && !defined(TILEATTN_NO_AMX) &&                                       \
     (!defined(TILEATTN_BF16_DOT_PRODUCT) || TILEATTN_BF16_DOT_PRODUCT != 0)
 #define TILEATTN_HAS_AMX_KERNELS 1
@@ -71,14 +71,14 @@
 #include <bit>
 #include <cstring>
 #define TILEATTN_AMX_TARGET
-#elif TILEATTN_ARCH_DISPATCH  // the whole feature list: the target pragma's and AMX's
+#elif TILEATTN_ARCH_X86_DISPATCH  // the whole feature list: the target pragma's and AMX's
 #define TILEATTN_AMX_TARGET __attribute__((target(TILEATTN_AMX_FEATURES)))
 #else
 #define TILEATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 #endif
 
 // A dispatched build (arch/isa.hpp) compiles the set for x86-64-v4 plus AVX-512 BF16, as arch::avx512.
-#if TILEATTN_ARCH_DISPATCH
+#if TILEATTN_ARCH_X86_DISPATCH
 TILEATTN_TARGET_BEGIN(TILEATTN_AVX512_BF16_FEATURES)
 #endif
 
@@ -819,7 +819,7 @@ inline void end_products() {
 
 }  // namespace tileattn::arch::amx
 
-#if TILEATTN_ARCH_DISPATCH
+#if TILEATTN_ARCH_X86_DISPATCH
 TILEATTN_TARGET_END
 #endif
 

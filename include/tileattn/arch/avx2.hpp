@@ -13,7 +13,7 @@
 
 #include "tileattn/arch/isa.hpp"
 
-#if (defined(__AVX2__) && defined(__FMA__)) || TILEATTN_ARCH_DISPATCH
+#if (defined(__AVX2__) && defined(__FMA__)) || TILEATTN_ARCH_X86_DISPATCH
 
 #define TILEATTN_ARCH_AVX2_COMPILED 1
 
@@ -31,11 +31,11 @@
 #include "tileattn/core/types.hpp"
 
 // F16C (vcvtph2ps): every AVX2 CPU has it; a dispatched build compiles it in (arch/isa.hpp).
-#if defined(__F16C__) || TILEATTN_ARCH_DISPATCH
+#if defined(__F16C__) || TILEATTN_ARCH_X86_DISPATCH
 #define TILEATTN_AVX2_F16C 1
 #endif
 
-#if TILEATTN_ARCH_DISPATCH
+#if TILEATTN_ARCH_X86_DISPATCH
 TILEATTN_TARGET_BEGIN(TILEATTN_AVX2_FEATURES)
 #endif
 
@@ -349,7 +349,7 @@ void gemm(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda, const b
           index_t ldb, float* c, index_t ldc) {
   generic::gemm<Accumulate, TransA>(m, n, k, a, lda, b, ldb, c, ldc);
 }
-#if TILEATTN_ARCH_DISPATCH
+#if TILEATTN_ARCH_X86_DISPATCH
 // Here generic is compiled for the baseline, whose sums are not fused: take the fused ones
 // an AVX2 + FMA build of generic has (std::fma, inlined as vfmadd where GCC inlines them).
 template <class E>
@@ -389,8 +389,8 @@ TILEATTN_PAIRS_READ_IN_PLACE
 
 }  // namespace tileattn::arch::avx2
 
-#if TILEATTN_ARCH_DISPATCH
+#if TILEATTN_ARCH_X86_DISPATCH
 TILEATTN_TARGET_END
 #endif
 
-#endif  // (__AVX2__ && __FMA__) || TILEATTN_ARCH_DISPATCH
+#endif  // (__AVX2__ && __FMA__) || TILEATTN_ARCH_X86_DISPATCH

@@ -16,7 +16,7 @@
 
 #include "tileattn/arch/isa.hpp"
 
-#if defined(__AVX512F__) || TILEATTN_ARCH_DISPATCH
+#if defined(__AVX512F__) || TILEATTN_ARCH_X86_DISPATCH
 #define TILEATTN_ARCH_AVX512_COMPILED 1
 
 #include <immintrin.h>
@@ -79,4 +79,4 @@ TILEATTN_TARGET_END
 #undef TILEATTN_AVX512_HAS_DQ
 #undef TILEATTN_AVX512_HAS_BW_VL
 
-#endif  // __AVX512F__ || TILEATTN_ARCH_DISPATCH
+#endif  // __AVX512F__ || TILEATTN_ARCH_X86_DISPATCH

@@ -36,8 +36,9 @@ inline constexpr bool bf16_dot_product = false;
 
 /// Whether this target's multiply-adds are fused (one rounding): with FMA, as the SIMD sets'.
 /// The in-place products take it as a parameter, so that a dispatched avx2 set (arch/isa.hpp)
-/// gets the fused sums an AVX2 + FMA build of generic gives, from a baseline build.
-#if defined(__FMA__)
+/// gets the fused sums an AVX2 + FMA build of generic gives, from a baseline build. AArch64
+/// always fuses (__ARM_FEATURE_FMA), as its SIMD sets do.
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
 inline constexpr bool fused_multiply_add = true;
 #else
 inline constexpr bool fused_multiply_add = false;
@@ -59,7 +60,7 @@ inline float dot_lanes_sum(const float (&x)[16]) {
 /// roundings where not. ops/ takes its scalar row-statistic updates and the visible-values
 /// P V from here, so they round as the gemm does, and a dispatched build as a -march build.
 inline float mul_add(float a, float b, float c) {
-#if defined(__FMA__)
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
   return std::fma(a, b, c);
 #else
   return a * b + c;

@@ -28,6 +28,13 @@
 // between calls (tests, benchmarks). The dispatch is per tile operation (one gemm, one
 // softmax pass over a tile), so its cost, a relaxed load and a switch, is lost in the work.
 //
+// On AArch64 Linux with GCC, always chosen at run time the same way (HWCAP bits, read once;
+// TILEATTN_ISA caps with neon, neon-bf16, sve or sve-bf16):
+//   SVE and BF16 (SVE's BFDOT too)  -> sve_bf16   (arch/sve.hpp: vector-length agnostic)
+//   SVE                             -> sve
+//   BF16                            -> neon_bf16  (arch/neon.hpp: bf16 pairs on BFDOT)
+//   anything else (NEON is baseline)-> neon
+//
 // Anything else (another architecture or compiler), or TILEATTN_ARCH_GENERIC defined:
 //   -> arch::generic (portable scalar C++)
 //
@@ -47,12 +54,16 @@
 #include "tileattn/arch/isa.hpp"
 #include "tileattn/arch/micro_kernel_set.hpp"
 
-#if !defined(TILEATTN_ARCH_GENERIC) && (defined(__AVX512F__) || TILEATTN_ARCH_DISPATCH)
+#if !defined(TILEATTN_ARCH_GENERIC) && (defined(__AVX512F__) || TILEATTN_ARCH_X86_DISPATCH)
 #include "tileattn/arch/amx.hpp"
 #include "tileattn/arch/avx512.hpp"
 #endif
-#if !defined(TILEATTN_ARCH_GENERIC) && ((defined(__AVX2__) && defined(__FMA__)) || TILEATTN_ARCH_DISPATCH)
+#if !defined(TILEATTN_ARCH_GENERIC) && ((defined(__AVX2__) && defined(__FMA__)) || TILEATTN_ARCH_X86_DISPATCH)
 #include "tileattn/arch/avx2.hpp"
+#endif
+#if TILEATTN_ARCH_ARM_DISPATCH
+#include "tileattn/arch/neon.hpp"
+#include "tileattn/arch/sve.hpp"
 #endif
 
 #if TILEATTN_ARCH_DISPATCH
@@ -60,6 +71,7 @@
 namespace tileattn::arch {
 
 namespace dispatch {
+#if TILEATTN_ARCH_X86_DISPATCH
 #if defined(TILEATTN_HAS_AMX_KERNELS)
 namespace with_bf16 = amx;
 #else
@@ -103,6 +115,51 @@ inline const char* name() {
 /// sets give a constant (kernels choose the operand layout by it: kernels/operands.hpp).
 inline bool bf16_dot_product() { return dispatched_isa() == Isa::avx512_bf16 && with_bf16::bf16_dot_product; }
 
+/// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp), and
+/// from how many query rows per K/V group.
+inline bool in_place_pairs() {
+  return dispatched_isa() == Isa::avx512_bf16 && set_detail::value(with_bf16::in_place_pairs);
+}
+inline index_t in_place_pairs_min_rows() {
+  return dispatched_isa() == Isa::avx512_bf16 ? set_detail::value(with_bf16::in_place_pairs_min_rows) : 1;
+}
+#else  // TILEATTN_ARCH_ARM_DISPATCH
+
+/// The set's function f, called with the arguments that follow, for the set this process runs.
+#define TILEATTN_DISPATCH(...)                                                          \
+  switch (::tileattn::arch::dispatched_isa()) {                                         \
+    case ::tileattn::arch::Isa::sve_bf16: return sve_bf16::__VA_ARGS__;                  \
+    case ::tileattn::arch::Isa::sve: return sve::__VA_ARGS__;                            \
+    case ::tileattn::arch::Isa::neon_bf16: return neon_bf16::__VA_ARGS__;                \
+    case ::tileattn::arch::Isa::neon: return neon::__VA_ARGS__;                          \
+    default: break;                                                                     \
+  }                                                                                     \
+  return generic::__VA_ARGS__
+
+/// The same for the functions BF16 leaves unchanged: the BF16-free copy of the same set.
+#define TILEATTN_DISPATCH_BF16_FREE(...)                                                \
+  switch (::tileattn::arch::dispatched_isa()) {                                         \
+    case ::tileattn::arch::Isa::sve_bf16:                                               \
+    case ::tileattn::arch::Isa::sve: return sve::__VA_ARGS__;                            \
+    case ::tileattn::arch::Isa::neon_bf16:                                              \
+    case ::tileattn::arch::Isa::neon: return neon::__VA_ARGS__;                          \
+    default: break;                                                                     \
+  }                                                                                     \
+  return generic::__VA_ARGS__
+
+/// The running set's name.
+inline const char* name() { return isa_name(dispatched_isa()); }
+
+/// Whether bf16 tiles are multiplied as bf16 pairs (BFDOT): a run-time answer.
+inline bool bf16_dot_product() {
+  const Isa isa = dispatched_isa();
+  return isa == Isa::neon_bf16 || isa == Isa::sve_bf16;
+}
+/// The decode step's in-place products stay on float rows (generic's pairs are scalar).
+inline bool in_place_pairs() { return false; }
+inline index_t in_place_pairs_min_rows() { return 1; }
+#endif
+
 template <bool Accumulate, bool TransA = false, class E>
 void gemm(index_t m, index_t n, index_t k, const E* a, index_t lda, const E* b, index_t ldb, float* c,
           index_t ldc) {
@@ -121,14 +178,6 @@ template <class E>
 void gemm_rows(index_t m, index_t n, index_t k, const float* a, index_t lda, const E* const* b_rows, float* c,
                index_t ldc) {
   TILEATTN_DISPATCH_BF16_FREE(gemm_rows(m, n, k, a, lda, b_rows, c, ldc));
-}
-/// Whether a decode step's in-place products multiply bf16 pairs (arch/generic.hpp), and
-/// from how many query rows per K/V group.
-inline bool in_place_pairs() {
-  return dispatched_isa() == Isa::avx512_bf16 && set_detail::value(with_bf16::in_place_pairs);
-}
-inline index_t in_place_pairs_min_rows() {
-  return dispatched_isa() == Isa::avx512_bf16 ? set_detail::value(with_bf16::in_place_pairs_min_rows) : 1;
 }
 inline void gemm_nt_rows_pairs(index_t m, index_t n, index_t k, const bf16x2* a, index_t lda,
                                const bf16* const* b_rows, float* c, index_t ldc) {
@@ -263,13 +312,25 @@ static_assert(MicroKernelSet<avx2_set>);
 TILEATTN_DEFINE_MICRO_KERNEL_SET(avx512_set, avx512);
 static_assert(MicroKernelSet<avx512_set>);
 #endif
-#if defined(TILEATTN_ARCH_AVX512_COMPILED) && TILEATTN_ARCH_DISPATCH
+#if defined(TILEATTN_ARCH_AVX512_COMPILED) && TILEATTN_ARCH_X86_DISPATCH
 TILEATTN_DEFINE_MICRO_KERNEL_SET(avx512_no_bf16_set, avx512_no_bf16);
 static_assert(MicroKernelSet<avx512_no_bf16_set>);
 #endif
 #if defined(TILEATTN_HAS_AMX_KERNELS)
 TILEATTN_DEFINE_MICRO_KERNEL_SET(amx_set, amx);
 static_assert(MicroKernelSet<amx_set>);
+#endif
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+TILEATTN_DEFINE_MICRO_KERNEL_SET(neon_set, neon);
+static_assert(MicroKernelSet<neon_set>);
+TILEATTN_DEFINE_MICRO_KERNEL_SET(neon_bf16_set, neon_bf16);
+static_assert(MicroKernelSet<neon_bf16_set>);
+#endif
+#if defined(TILEATTN_ARCH_SVE_COMPILED)
+TILEATTN_DEFINE_MICRO_KERNEL_SET(sve_set, sve);
+static_assert(MicroKernelSet<sve_set>);
+TILEATTN_DEFINE_MICRO_KERNEL_SET(sve_bf16_set, sve_bf16);
+static_assert(MicroKernelSet<sve_bf16_set>);
 #endif
 TILEATTN_DEFINE_MICRO_KERNEL_SET(native_set, native);
 static_assert(MicroKernelSet<native_set>);
