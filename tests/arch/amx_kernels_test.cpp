@@ -49,7 +49,7 @@ TEST(AmxSupport, ReportsOneStatusToEveryThread) {
   for (auto& t : threads) t.join();
   for (const support::Status s : seen) EXPECT_EQ(s, seen[0]);
   EXPECT_EQ(support::available(), seen[0] == support::Status::usable);
-  std::printf("[ amx ] %s; arch::native is %s%s\n", support::describe(seen[0]), arch::native::name,
+  std::printf("[ amx ] %s; arch::native is %s%s\n", support::describe(seen[0]), arch::native_name(),
 #if defined(TILEATTN_AMX_EMULATE)
               " (tiles emulated in C++)"
 #else
@@ -62,7 +62,7 @@ TEST(AmxSupport, EnvironmentVariableTurnsItOff) {
   ::setenv("TILEATTN_NO_AMX", "1", 1);
   const support::Status off = support::detail::check();
   ::setenv("TILEATTN_NO_AMX", "0", 1);
-  const support::Status zero = support::detail::check();
+  [[maybe_unused]] const support::Status zero = support::detail::check();
   ::unsetenv("TILEATTN_NO_AMX");
 #if defined(TILEATTN_AMX_DETECTION)
   EXPECT_EQ(off, support::Status::disabled_by_environment);

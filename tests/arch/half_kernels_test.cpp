@@ -34,6 +34,8 @@
 #include "tileattn/arch/avx512.hpp"
 #include "tileattn/arch/generic.hpp"
 #include "tileattn/arch/native.hpp"
+#include "tileattn/arch/neon.hpp"
+#include "tileattn/arch/sve.hpp"
 #include "tileattn/core/half_types.hpp"
 
 namespace tileattn::arch {
@@ -42,13 +44,18 @@ namespace {
 // ---- The arches under test, as types ---------------------------------------------------
 
 // Namespaces cannot be template arguments: each arch gets a struct of forwarding functions.
-// dot_product_instruction: its pair gemm runs on vdpbf16ps (whatever bf16_dot_product says),
-// which treats subnormal inputs as zero and flushes subnormal results.
-#define TILEATTN_HALF_ARCH_UNDER_TEST(Struct, ns, dot_product_instruction)                     \
+// dot_product_instruction: its pair gemm runs on vdpbf16ps or BFDOT (whatever bf16_dot_product
+// says), which treat subnormal inputs as zero and flush subnormal results. rounds_to_odd: it
+// runs on Arm's BFDOT, which adds a pair's products first and rounds to odd (error up to a
+// unit in the last place, not half), so its sums are not generic's bits. runs: whether this
+// CPU runs the set (the Arm sets are compiled into every AArch64 build).
+#define TILEATTN_HALF_ARCH_UNDER_TEST(Struct, ns, dot_product_instruction, rounds_to_odd, runs) \
   struct Struct {                                                                              \
     static const char* name() { return ns::name; }                                            \
+    static bool runs_here() { return runs; }                                                   \
     static constexpr bool flushes_subnormals_in_gemm = dot_product_instruction;                \
     static constexpr bool has_dot_product_instruction = dot_product_instruction;               \
+    static constexpr bool gemm_rounds_to_odd = rounds_to_odd;                                  \
     static void to_float(const bf16* src, float* dst, index_t n) { ns::to_float(src, dst, n); } \
     static void to_float(const fp16* src, float* dst, index_t n) { ns::to_float(src, dst, n); } \
     static void from_float(const float* src, bf16* dst, index_t n) { ns::from_float(src, dst, n); } \
@@ -87,16 +94,24 @@ namespace {
     }                                                                                          \
   };
 
-TILEATTN_HALF_ARCH_UNDER_TEST(Generic, generic, false)
+TILEATTN_HALF_ARCH_UNDER_TEST(Generic, generic, false, false, true)
 #if defined(__AVX2__) && defined(__FMA__)
-TILEATTN_HALF_ARCH_UNDER_TEST(Avx2, avx2, false)
+TILEATTN_HALF_ARCH_UNDER_TEST(Avx2, avx2, false, false, true)
 #endif
 #if defined(__AVX512F__)
 #if defined(__AVX512BF16__)
-TILEATTN_HALF_ARCH_UNDER_TEST(Avx512, avx512, true)
+TILEATTN_HALF_ARCH_UNDER_TEST(Avx512, avx512, true, false, true)
 #else
-TILEATTN_HALF_ARCH_UNDER_TEST(Avx512, avx512, false)
+TILEATTN_HALF_ARCH_UNDER_TEST(Avx512, avx512, false, false, true)
 #endif
+#endif
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+TILEATTN_HALF_ARCH_UNDER_TEST(Neon, neon, false, false, true)
+TILEATTN_HALF_ARCH_UNDER_TEST(NeonBf16, neon_bf16, true, true, within(Isa::neon_bf16, cpu_isa()))
+#endif
+#if defined(TILEATTN_ARCH_SVE_COMPILED)
+TILEATTN_HALF_ARCH_UNDER_TEST(Sve, sve, false, false, within(Isa::sve, cpu_isa()))
+TILEATTN_HALF_ARCH_UNDER_TEST(SveBf16, sve_bf16, true, true, within(Isa::sve_bf16, cpu_isa()))
 #endif
 
 using Arches = ::testing::Types<Generic
@@ -108,17 +123,33 @@ using Arches = ::testing::Types<Generic
                                 ,
                                 Avx512
 #endif
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+                                ,
+                                Neon, NeonBf16
+#endif
+#if defined(TILEATTN_ARCH_SVE_COMPILED)
+                                ,
+                                Sve, SveBf16
+#endif
                                 >;
 
 struct ArchName {
   template <class Arch>
   static std::string GetName(int) {
-    return Arch::name();
+    std::string name = Arch::name();
+    for (char& c : name)
+      if (c == '-') c = '_';  // '-' would start a negative pattern in --gtest_filter
+    return name;
   }
 };
 
 template <class Arch>
-class HalfKernels : public ::testing::Test {};
+class HalfKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Arch::runs_here()) GTEST_SKIP() << Arch::name() << ": not on this CPU (" << isa_name(cpu_isa()) << ")";
+  }
+};
 TYPED_TEST_SUITE(HalfKernels, Arches, ArchName);
 
 // ---- Helpers -----------------------------------------------------------------------------
@@ -434,7 +465,7 @@ std::string describe(const PairGemmCase& g, bool accumulate) {
 
 constexpr double unit_roundoff = std::numeric_limits<float>::epsilon() / 2;
 
-/// Arch's pair gemm equals generic's bitwise, is within the error bound of 2k + 1 float
+/// Arch's pair gemm equals generic's bitwise (not on BFDOT: gemm_rounds_to_odd), is within the error bound of 2k + 1 float
 /// additions of the product computed in double, and writes nothing outside the m x n result.
 /// With tiny values, an arch with a bf16 dot-product instruction (which treats subnormal
 /// inputs as zero and flushes subnormal results: vdpbf16ps) is only held to that bound
@@ -469,7 +500,7 @@ void check_pair_gemm(const PairGemmCase& g, std::mt19937& rng, Values values = V
   for (index_t i = 0; i < g.m; ++i) {
     for (index_t j = 0; j < g.n; ++j) {
       const float got = c.data[i * ldc + j];
-      if (values == Values::moderate || !Arch::flushes_subnormals_in_gemm) {
+      if ((values == Values::moderate || !Arch::flushes_subnormals_in_gemm) && !Arch::gemm_rounds_to_odd) {
         ASSERT_EQ(bits_of(got), bits_of(c_generic.data[i * ldc + j]))
             << what << " vs generic at (" << i << ", " << j << "): " << got << " vs "
             << c_generic.data[i * ldc + j];
@@ -485,7 +516,8 @@ void check_pair_gemm(const PairGemmCase& g, std::mt19937& rng, Values values = V
         magnitude += std::fabs(hi) + std::fabs(lo);
         flushed += flushable(x.hi, y.hi, hi) + flushable(x.lo, y.lo, lo);
       }
-      double bound = static_cast<double>(2 * g.k + 1) * unit_roundoff * magnitude;
+      // Round to odd: up to a unit in the last place per rounding, twice round to nearest's.
+      double bound = static_cast<double>(2 * g.k + 1) * unit_roundoff * magnitude * (Arch::gemm_rounds_to_odd ? 2 : 1);
       if (values == Values::tiny)  // generic rounds subnormal products and sums: half a step each
         bound += Arch::flushes_subnormals_in_gemm ? flushed + static_cast<double>(2 * g.k + 1) * smallest_normal_float
                                         : static_cast<double>(4 * g.k + 1) * 0x1p-150;
@@ -883,10 +915,18 @@ TEST(HalfArch, Bf16DotProductFollowsTheTargetMacros) {
   EXPECT_FALSE(avx512::bf16_dot_product);
 #endif
 #endif
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+  EXPECT_FALSE(neon::bf16_dot_product);
+  EXPECT_TRUE(neon_bf16::bf16_dot_product);
+#endif
+#if defined(TILEATTN_ARCH_SVE_COMPILED)
+  EXPECT_FALSE(sve::bf16_dot_product);
+  EXPECT_TRUE(sve_bf16::bf16_dot_product);
+#endif
 #if defined(TILEATTN_ARCH_GENERIC)
   EXPECT_FALSE(native::bf16_dot_product);
 #endif
-  std::printf("[ native ] %s, bf16_dot_product = %d\n", native::name, native::bf16_dot_product ? 1 : 0);
+  std::printf("[ native ] %s, bf16_dot_product = %d\n", native_name(), set_detail::value(native::bf16_dot_product) ? 1 : 0);
 }
 
 }  // namespace

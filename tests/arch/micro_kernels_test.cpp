@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,8 @@
 #include "tileattn/arch/avx512.hpp"
 #include "tileattn/arch/generic.hpp"
 #include "tileattn/arch/native.hpp"
+#include "tileattn/arch/neon.hpp"
+#include "tileattn/arch/sve.hpp"
 
 namespace tileattn::arch {
 namespace {
@@ -29,9 +32,12 @@ namespace {
 
 // Namespaces cannot be template arguments, so each arch namespace gets a struct of static
 // forwarding functions.
-#define TILEATTN_ARCH_UNDER_TEST(Struct, ns)                                                   \
+// runs: whether this CPU runs the set (the Arm sets are compiled into every AArch64 build and
+// skipped where the CPU lacks them; the x86 copies are built only with flags the CPU has).
+#define TILEATTN_ARCH_UNDER_TEST(Struct, ns, runs)                                             \
   struct Struct {                                                                              \
     static const char* name() { return ns::name; }                                            \
+    static bool runs_here() { return runs; }                                                   \
     template <bool Accumulate, bool TransA = false>                                            \
     static void gemm(index_t m, index_t n, index_t k, const float* a, index_t lda,             \
                      const float* b, index_t ldb, float* c, index_t ldc) {                     \
@@ -56,12 +62,20 @@ namespace {
     }                                                                                          \
   };
 
-TILEATTN_ARCH_UNDER_TEST(Generic, generic)
+TILEATTN_ARCH_UNDER_TEST(Generic, generic, true)
 #if defined(__AVX2__) && defined(__FMA__)
-TILEATTN_ARCH_UNDER_TEST(Avx2, avx2)
+TILEATTN_ARCH_UNDER_TEST(Avx2, avx2, true)
 #endif
 #if defined(__AVX512F__)
-TILEATTN_ARCH_UNDER_TEST(Avx512, avx512)
+TILEATTN_ARCH_UNDER_TEST(Avx512, avx512, true)
+#endif
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+TILEATTN_ARCH_UNDER_TEST(Neon, neon, true)
+TILEATTN_ARCH_UNDER_TEST(NeonBf16, neon_bf16, within(Isa::neon_bf16, cpu_isa()))
+#endif
+#if defined(TILEATTN_ARCH_SVE_COMPILED)
+TILEATTN_ARCH_UNDER_TEST(Sve, sve, within(Isa::sve, cpu_isa()))
+TILEATTN_ARCH_UNDER_TEST(SveBf16, sve_bf16, within(Isa::sve_bf16, cpu_isa()))
 #endif
 
 using Arches = ::testing::Types<Generic
@@ -73,17 +87,33 @@ using Arches = ::testing::Types<Generic
                                 ,
                                 Avx512
 #endif
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+                                ,
+                                Neon, NeonBf16
+#endif
+#if defined(TILEATTN_ARCH_SVE_COMPILED)
+                                ,
+                                Sve, SveBf16
+#endif
                                 >;
 
 struct ArchName {
   template <class Arch>
   static std::string GetName(int) {
-    return Arch::name();
+    std::string name = Arch::name();
+    for (char& c : name)
+      if (c == '-') c = '_';  // '-' would start a negative pattern in --gtest_filter
+    return name;
   }
 };
 
 template <class Arch>
-class MicroKernels : public ::testing::Test {};
+class MicroKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Arch::runs_here()) GTEST_SKIP() << Arch::name() << ": not on this CPU (" << isa_name(cpu_isa()) << ")";
+  }
+};
 TYPED_TEST_SUITE(MicroKernels, Arches, ArchName);
 
 // ---- Helpers -----------------------------------------------------------------------------
@@ -126,7 +156,9 @@ std::string describe(const GemmCase& g, bool accumulate) {
 
 /// Runs Arch::gemm on random data and checks it three ways: against the product in double
 /// within the standard error bound |error| <= (k + 2) u (|C0| + sum_p |a_ip| |b_pj|), against
-/// generic within twice that bound, and that nothing outside the M x N result was written.
+/// generic bit for bit where this TU's generic fuses its multiply-adds (every set's gemm is one
+/// fused chain over K per element: arch/register_gemm.hpp, arch/sve/set.hpp), else within
+/// twice that bound, and that nothing outside the M x N result was written.
 template <class Arch, bool Accumulate>
 void check_gemm(const GemmCase& g, std::mt19937& rng) {
   const index_t lda = g.k + g.pad, ldb = g.n + g.pad, ldc = g.n + g.pad;
@@ -164,6 +196,10 @@ void check_gemm(const GemmCase& g, std::mt19937& rng) {
       ASSERT_LE(error, bound) << what << " at (" << i << ", " << j << ")";
       ASSERT_LE(std::fabs(got - c_generic.data[i * ldc + j]), 2 * bound)
           << what << " vs generic at (" << i << ", " << j << ")";
+      if constexpr (generic::fused_multiply_add) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(c.data[i * ldc + j]), std::bit_cast<std::uint32_t>(c_generic.data[i * ldc + j]))
+            << what << " vs generic's bits at (" << i << ", " << j << ")";
+      }
     }
     for (index_t j = g.n; j < ldc; ++j)
       ASSERT_EQ(c.data[i * ldc + j], guard) << what << ": wrote padding at (" << i << ", " << j << ")";
@@ -484,10 +520,12 @@ TEST(NativeArch, FollowsTheTargetMacros) {
   EXPECT_STREQ(native::name, "avx512");
 #elif defined(__AVX2__) && defined(__FMA__)
   EXPECT_STREQ(native::name, "avx2");
+#elif TILEATTN_ARCH_ARM_DISPATCH  // chosen at run time: the set the CPU (and TILEATTN_ISA) gives
+  EXPECT_STREQ(native::name(), isa_name(dispatched_isa()));
 #else
   EXPECT_STREQ(native::name, "generic");
 #endif
-  std::printf("[ native ] tileattn::arch::native is %s\n", native::name);
+  std::printf("[ native ] tileattn::arch::native is %s\n", native_name());
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "tileattn/arch/avx512.hpp"
 #include "tileattn/arch/generic.hpp"
 #include "tileattn/arch/native.hpp"
+#include "tileattn/arch/neon.hpp"
 #include "tileattn/core/quantized_types.hpp"
 
 namespace tileattn::arch {
@@ -64,6 +65,9 @@ namespace {
   };
 
 TILEATTN_QUANTIZED_ARCH_UNDER_TEST(Generic, generic)
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+TILEATTN_QUANTIZED_ARCH_UNDER_TEST(Neon, neon)  // (arch::sve's are these)
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
 TILEATTN_QUANTIZED_ARCH_UNDER_TEST(Avx2, avx2)
 #endif
@@ -80,6 +84,10 @@ struct Case {
 
 #define TILEATTN_QUANTIZED_CASES(Arch) Case<Arch, fp8_e4m3>, Case<Arch, fp8_e5m2>, Case<Arch, std::int8_t>
 using Cases = ::testing::Types<TILEATTN_QUANTIZED_CASES(Generic)
+#if defined(TILEATTN_ARCH_NEON_COMPILED)
+                                   ,
+                               TILEATTN_QUANTIZED_CASES(Neon)
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
                                    ,
                                TILEATTN_QUANTIZED_CASES(Avx2)

@@ -49,7 +49,7 @@ Outputs<T> run(BackwardProblem<T>& p, BackwardOptions opts, std::vector<float>& 
 /// of 32 (or whole sequences), and reject a budget below their smallest tiles.
 template <class T>
 std::vector<std::size_t> budgets(const ProblemShape& s) {
-  constexpr TileOperands ops = kernels::tile_operands_v<kernels::tile_operand_t<T>>;
+  const TileOperands ops = kernels::tile_operands_without_panels<T>();  // (dispatched builds too)
   const auto tiles = [&](index_t br, index_t bc) {
     return backward_working_set_bytes(br, bc, s.head_dim, s.head_dim_v, true, ops);
   };
@@ -59,7 +59,7 @@ std::vector<std::size_t> budgets(const ProblemShape& s) {
 /// Whether the planner may reject `budget` for this problem: only below its smallest tiles.
 template <class T>
 bool may_reject(const ProblemShape& s, std::size_t budget) {
-  constexpr TileOperands ops = kernels::tile_operands_v<kernels::tile_operand_t<T>>;
+  const TileOperands ops = kernels::tile_operands_without_panels<T>();  // (dispatched builds too)
   const auto [br, bc] = detail::smallest_backward_tiles(s.seqlen_q, s.seqlen_k, ops);
   return budget < backward_working_set_bytes(br, bc, s.head_dim, s.head_dim_v, true, ops);
 }
