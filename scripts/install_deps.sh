@@ -9,10 +9,13 @@ packages=(build-essential cmake ninja-build libeigen3-dev libtbb-dev libgtest-de
           clang libclang-rt-14-dev libomp-14-dev  # the sanitizer and fuzzer builds (scripts/sanitize.sh)
           libopenmpi-dev openmpi-bin)            # ring attention over MPI (tileattn/distributed/)
 
+# Installed for this machine's architecture (or for all): with Debian's multiarch, the arm64
+# copy scripts/arm_tests.sh installs (libtbb-dev:arm64, ...) must not count.
+native_arch=$(dpkg --print-architecture)
 missing=()
 for package in "${packages[@]}"; do
-  status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
-  if [[ "$status" != "install ok installed" ]]; then
+  if ! dpkg-query -W -f='${Architecture} ${Status}\n' "$package" 2>/dev/null |
+       grep -Eq "^($native_arch|all) install ok installed$"; then
     missing+=("$package")
   fi
 done
