@@ -82,7 +82,8 @@ constexpr bool check_element_types() {
 
 namespace detail {
 inline ForwardPlan::Signature forward_signature(const PlanShape& shape, const ForwardOptions& options) {
-  return {planned_shape(shape, options), effective_sram_budget(options), worker_count(options.execution)};
+  const PlanShape planned = planned_shape(shape, options);
+  return {planned, effective_sram_budget(options, least_forward_budget(planned)), worker_count(options.execution)};
 }
 }  // namespace detail
 

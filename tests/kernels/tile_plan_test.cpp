@@ -309,5 +309,30 @@ TEST(PanelPlan, WideHeadsHalveThePanelBeforeGivingPanelsUp) {
   EXPECT_EQ(plan_with(64, std::size_t{2} << 20).key_tile_rows, 64);  // a narrow panel stays as asked
 }
 
+// The default budget (the per-core cache) is raised to what the shape needs: MLA's head_dim
+// 576 / 512 needs 548 KB for one query row beside its 121-key tiles, and a 512 KiB L2 (Zen
+// 2/3) refused every MLA call made with default options. A budget the caller gives is kept.
+TEST(TilePlan, TheDefaultBudgetFitsEveryShape) {
+  const std::size_t cache = per_core_cache_bytes();
+  EXPECT_EQ(effective_sram_budget(ForwardOptions{}), cache);
+  EXPECT_EQ(effective_sram_budget(ForwardOptions{}, cache + 12345), cache + 12345);
+  EXPECT_EQ(effective_sram_budget(ForwardOptions{}, cache / 2), cache);
+  ForwardOptions given;
+  given.sram_budget_bytes = 300000;
+  EXPECT_EQ(effective_sram_budget(given, cache + 12345), 300000u);
+
+  PlanShape mla;
+  mla.seqlen_q = 1;
+  mla.seqlen_k = 4096;
+  mla.head_dim = 576;
+  mla.head_dim_v = 512;
+  const std::size_t least = detail::least_forward_budget(mla);
+  EXPECT_GT(least, std::size_t{512} << 10);  // more than a 512 KiB L2
+  const TilePlan plan = forward_tiles(mla);  // threw where the cache is smaller
+  EXPECT_GE(plan.sram_budget_bytes, least);
+  EXPECT_GE(plan.query_tile_rows, 1);
+  EXPECT_THROW(forward_tiles(mla, given), budget_error);  // a given budget is not raised
+}
+
 }  // namespace
 }  // namespace tileattn::test

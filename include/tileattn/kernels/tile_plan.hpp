@@ -242,10 +242,21 @@ inline TilePlan plan_forward_tiles(const PlanShape& shape, std::size_t budget, i
           shape.operands == TileOperands::bf16_panels};
 }
 
-/// The SRAM budget a call with these options runs under.
-inline std::size_t effective_sram_budget(const ForwardOptions& options) {
-  return options.sram_budget_bytes ? options.sram_budget_bytes : per_core_cache_bytes();
+/// The SRAM budget a call with these options runs under: the one given, or the per-core
+/// cache raised to `least` (the smallest budget the call's shape runs in), so that the
+/// default never refuses a shape that a core with a larger cache runs. The key tile does not
+/// depend on the budget, so neither do the results.
+inline std::size_t effective_sram_budget(const ForwardOptions& options, std::size_t least = 0) {
+  return options.sram_budget_bytes ? options.sram_budget_bytes : std::max(per_core_cache_bytes(), least);
 }
+
+namespace detail {
+/// The smallest budget plan_forward_tiles accepts for `shape`: one query row beside its
+/// key tiles (head_dim 576 / 512, MLA's, needs 548 KB: more than a 512 KiB L2).
+inline std::size_t least_forward_budget(const PlanShape& shape) {
+  return forward_working_set_bytes(1, forward_key_tile(shape), shape.head_dim, shape.value_dim(), shape.operands);
+}
+}  // namespace detail
 
 namespace detail {
 /// The sequence length and stream count the planners see in batch-invariant mode
@@ -266,7 +277,8 @@ Shape planned_shape(Shape shape, const ForwardOptions& options) {
 /// and the thread count, which may split query tiles so that every worker has work): the
 /// planner itself, for inspection (plan_forward makes the plan a call reuses).
 inline TilePlan forward_tiles(const PlanShape& shape, const ForwardOptions& options = {}) {
-  return plan_forward_tiles(detail::planned_shape(shape, options), effective_sram_budget(options),
+  const PlanShape planned = detail::planned_shape(shape, options);
+  return plan_forward_tiles(planned, effective_sram_budget(options, detail::least_forward_budget(planned)),
                             worker_count(options.execution));
 }
 
