@@ -174,7 +174,9 @@ class ForwardIoVsStandard : public ::testing::TestWithParam<LargeParam> {};
 
 // The issue: "for N >= 1024, [the counted traffic] is far below the traffic of standard
 // attention, which materializes the N x N matrix". Asserted as at least 4x below, with and
-// without the causal mask, at a 1 MiB budget (this machine's L2) and at the detected L2.
+// without the causal mask, at a 1 MiB budget and at the detected L2 where it is as large;
+// a smaller L2 (512 KiB on Zen 2/3: Br = 208 at d = 128, a factor of about 3) is held to
+// 2.5x, which the FA1 cap below (a factor 2) still fails.
 // Expected: with Br query rows resident (about M / 2d, M = budget in floats), K and V are
 // read N / Br times: 2 N^2 d / Br floats against standard attention's 4 N^2, a factor
 // 2 Br / d. A planner that caps Br at d (FlashAttention-1's
@@ -195,7 +197,8 @@ TEST_P(ForwardIoVsStandard, FarBelowStandardAttention) {
       RecordProperty((causal ? "ratio_causal_budget" : "ratio_full_budget") + std::to_string(budget),
                      std::to_string(ratio));
       EXPECT_EQ(io, analytic_io(p, plan));
-      EXPECT_GT(ratio, 4.0) << (causal ? "causal" : "non-causal") << ", budget " << budget
+      const double least = plan.sram_budget_bytes >= (std::size_t{1} << 20) ? 4.0 : 2.5;
+      EXPECT_GT(ratio, least) << (causal ? "causal" : "non-causal") << ", budget " << budget
                             << ": tiled traffic is only standard / " << ratio << " with tiles "
                             << plan.query_tile_rows << " x " << plan.key_tile_rows;
     }
