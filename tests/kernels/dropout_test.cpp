@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -114,15 +115,38 @@ TEST(Dropout, KeepBitsOfEverySetAreTheReferencesDecisions) {
               << "trial " << trial << " row " << r << " key " << j;
       // Applied to a row of floats and of bf16 pairs from an odd bit on.
       const index_t bit0 = static_cast<index_t>(rng() % 64), n = std::min<index_t>(blocks * 128 - bit0, 77);
+      // Every 5th entry NaN and every 7th Inf: dropout multiplies, so a dropped one is NaN.
+      const auto input = [](index_t j) {
+        return j % 5 == 3 ? std::numeric_limits<float>::quiet_NaN() : j % 7 == 4 ? std::numeric_limits<float>::infinity() : 1.5f;
+      };
       std::vector<float> x(static_cast<std::size_t>(n) + 3, 1.5f);
       std::vector<bf16x2> pairs(static_cast<std::size_t>(n + 1) / 2 + 2, bf16x2{from_float<bf16>(1.5f), from_float<bf16>(1.5f)});
+      for (index_t j = 0; j < n; ++j) {
+        x[static_cast<std::size_t>(j)] = input(j);
+        bf16x2& pair = pairs[static_cast<std::size_t>(j / 2)];
+        (j % 2 ? pair.hi : pair.lo) = from_float<bf16>(input(j));
+      }
       set.apply_floats(x.data(), n, bits.data(), bit0, 2.0f);
       set.apply_pairs(pairs.data(), n, bits.data(), bit0);
       for (index_t j = 0; j < n; ++j) {
         const bool kept = reference::dropout_keeps(d, sequence, 7, head, query, block * 128 + bit0 + j);
-        EXPECT_EQ(x[static_cast<std::size_t>(j)], kept ? 3.0f : 0.0f) << j;
+        const float want = kept ? input(j) * 2.0f : input(j) * 0.0f;  // NaN stays NaN
+        const float got = x[static_cast<std::size_t>(j)];
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << j << " kept " << kept;
+        } else {
+          EXPECT_EQ(got, want) << j;
+        }
+        if (!std::isnan(got)) {
+          EXPECT_FALSE(std::signbit(got)) << j;  // a dropped probability is +0
+        }
         const bf16x2 pair = pairs[static_cast<std::size_t>(j / 2)];
-        EXPECT_EQ(to_float(j % 2 ? pair.hi : pair.lo), kept ? 1.5f : 0.0f) << j;
+        const float half = to_float(j % 2 ? pair.hi : pair.lo), half_want = kept ? input(j) : input(j) * 0.0f;
+        if (std::isnan(half_want)) {
+          EXPECT_TRUE(std::isnan(half)) << j << " kept " << kept;
+        } else {
+          EXPECT_EQ(half, half_want) << j;
+        }
       }
       for (std::size_t j = static_cast<std::size_t>(n); j < x.size(); ++j) EXPECT_EQ(x[j], 1.5f) << "past n";
       if (n % 2) {
@@ -474,6 +498,48 @@ TEST(Dropout, ADroppedKeysInfiniteValueStillReachesTheRowsThatSeeIt) {
     else EXPECT_TRUE(std::isnan(x)) << "row " << i;
   }
   EXPECT_TRUE(some_dropped);  // the case the test is about occurs
+}
+
+// A row that sees a NaN makes the dV of every key it sees NaN, dropped there or not:
+// dropout multiplies P by 0 (as PyTorch's does), it does not mask (a CI fuzzer finding:
+// dV was 0 where the row's NaN P was dropped).
+TEST(Dropout, ARowThatSeesANaNMakesTheDVOfEveryKeyItSeesNaNDroppedOrNot) {
+  const ProblemShape s{1, 20, 30, 2, 1, 16, 8};
+  for (const bool half : {false, true}) {
+    SCOPED_TRACE(half ? "bf16" : "float");
+    BackwardOptions opts;
+    opts.causal = true;
+    opts.alignment = MaskAlignment::top_left;
+    opts.dropout = {0.5f, 3, 0};
+    const index_t row = 9;  // sees keys 0..9 (head 1)
+    bool some_dropped = false;
+    for (index_t j = 0; j <= row; ++j) some_dropped = some_dropped || !reference::dropout_keeps(opts.dropout, 0, 2, 1, row, j);
+    ASSERT_TRUE(some_dropped);  // the case the test is about occurs
+    const auto check = [&](const std::vector<float>& dv) {
+      for (index_t j = 0; j < s.seqlen_k; ++j)
+        for (index_t c = 0; c < s.head_dim_v; ++c) {
+          const float x = dv[static_cast<std::size_t>(j * s.head_dim_v + c)];
+          if (j <= row) {
+            EXPECT_TRUE(std::isnan(x)) << "key " << j << " dropped " << !reference::dropout_keeps(opts.dropout, 0, 2, 1, row, j);
+          } else {
+            EXPECT_TRUE(std::isfinite(x)) << "key " << j;
+          }
+        }
+    };
+    if (half) {
+      BackwardProblem<bf16> prob(s, 41);
+      prob.qv(0, row, 1, 3) = from_float<bf16>(std::numeric_limits<float>::quiet_NaN());
+      prob.forward(opts);
+      prob.backward(opts);
+      check(prob.grad_v());
+    } else {
+      BackwardProblem<float> prob(s, 41);
+      prob.qv(0, row, 1, 3) = std::numeric_limits<float>::quiet_NaN();
+      prob.forward(opts);
+      prob.backward(opts);
+      check(prob.grad_v());
+    }
+  }
 }
 
 TEST(Dropout, BadOptionsThrowNamingThemAndWriteNothing) {

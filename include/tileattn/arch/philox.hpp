@@ -103,16 +103,26 @@ inline void dropout_keep_bits(const DropoutRow* streams, index_t n, index_t firs
 /// Whether bit `i` of `bits` is set.
 inline bool keep_bit(const std::uint64_t* bits, index_t i) { return (bits[i >> 6] >> (i & 63)) & 1u; }
 
-/// x[j] = x[j] * kept_scale where bit bit0 + j of `bits` is set (kept), else 0, j < n.
+/// x[j] = x[j] * kept_scale where bit bit0 + j of `bits` is set (kept), else x[j] * 0, j < n:
+/// dropout multiplies, as PyTorch's does, so a dropped NaN or Inf is NaN, as the references
+/// have it (a row that sees a NaN makes the dV of every key it sees NaN, dropped or not).
 inline void apply_keep_bits(float* x, index_t n, const std::uint64_t* bits, index_t bit0, float kept_scale) {
-  for (index_t j = 0; j < n; ++j) x[j] = keep_bit(bits, bit0 + j) ? x[j] * kept_scale : 0.0f;
+  for (index_t j = 0; j < n; ++j) x[j] *= keep_bit(bits, bit0 + j) ? kept_scale : 0.0f;
 }
 
-/// The same for n keys of a row of bf16 pairs (key j: pair j / 2, low half for even j),
-/// kept ones left as they are; halves past n untouched.
+/// A dropped bf16 probability, x * 0 (x >= 0 or NaN): +0, or a quiet NaN for a NaN or Inf.
+inline bf16 dropped(bf16 x) {
+  return (x.bits & 0x7FFFu) >= 0x7F80u ? bf16::from_bits(static_cast<std::uint16_t>(x.bits | 0x0040u)) : bf16{};
+}
+
+/// The same for n keys of a row of bf16 pairs (key j: pair j / 2, low half for even j) of
+/// probabilities, kept ones left as they are; halves past n untouched.
 inline void apply_keep_bits(bf16x2* x, index_t n, const std::uint64_t* bits, index_t bit0) {
   for (index_t j = 0; j < n; ++j)
-    if (!keep_bit(bits, bit0 + j)) (j % 2 ? x[j / 2].hi : x[j / 2].lo) = bf16{};
+    if (!keep_bit(bits, bit0 + j)) {
+      bf16& h = j % 2 ? x[j / 2].hi : x[j / 2].lo;
+      h = dropped(h);
+    }
 }
 
 }  // namespace generic

@@ -101,7 +101,7 @@ inline void apply_keep_bits(float* x, index_t n, const std::uint64_t* bits, inde
     const __mmask16 live = detail::first_lanes(n - j < lanes ? n - j : lanes);
     const auto keep = static_cast<__mmask16>(detail::bits_at(bits, bit0 + j, 16));
     const __m512 v = _mm512_maskz_loadu_ps(live, x + j);
-    _mm512_mask_storeu_ps(x + j, live, _mm512_maskz_mul_ps(keep, v, scale));
+    _mm512_mask_storeu_ps(x + j, live, _mm512_mul_ps(v, _mm512_maskz_mov_ps(keep, scale)));  // dropped: x * 0
   }
 }
 
@@ -112,7 +112,11 @@ inline void apply_keep_bits(bf16x2* x, index_t n, const std::uint64_t* bits, ind
     const index_t count = n - j < 32 ? n - j : 32;
     const __mmask32 live = count == 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1;
     const auto drop = static_cast<__mmask32>(~detail::bits_at(bits, bit0 + j, 32)) & live;
-    _mm512_mask_storeu_epi16(keys + j, drop, _mm512_setzero_si512());
+    // Dropped: x * 0 (generic::dropped): +0, or a quiet NaN where the half is NaN or Inf.
+    const __m512i v = _mm512_maskz_loadu_epi16(drop, keys + j);
+    const __mmask32 nonfinite = _mm512_mask_cmpge_epu16_mask(
+        drop, _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF)), _mm512_set1_epi16(0x7F80));
+    _mm512_mask_storeu_epi16(keys + j, drop, _mm512_maskz_mov_epi16(nonfinite, _mm512_or_si512(v, _mm512_set1_epi16(0x0040))));
   }
 }
 #else
