@@ -84,7 +84,7 @@ namespace with_bf16 = avx512;
     case ::tileattn::arch::Isa::avx512_bf16: return with_bf16::__VA_ARGS__;              \
     case ::tileattn::arch::Isa::avx512: return avx512_no_bf16::__VA_ARGS__;              \
     case ::tileattn::arch::Isa::avx2: return avx2::__VA_ARGS__;                          \
-    case ::tileattn::arch::Isa::generic: break;                                          \
+    default: break; /* generic (the Arm sets are never dispatched here) */               \
   }                                                                                     \
   return generic::__VA_ARGS__
 
@@ -98,7 +98,7 @@ namespace with_bf16 = avx512;
     case ::tileattn::arch::Isa::avx512_bf16:                                            \
     case ::tileattn::arch::Isa::avx512: return avx512_no_bf16::__VA_ARGS__;              \
     case ::tileattn::arch::Isa::avx2: return avx2::__VA_ARGS__;                          \
-    case ::tileattn::arch::Isa::generic: break;                                          \
+    default: break; /* generic (the Arm sets are never dispatched here) */               \
   }                                                                                     \
   return generic::__VA_ARGS__
 
