@@ -110,7 +110,7 @@ template <class E>
 index_t tile_keys(const RowRefs<E>& k) { return k.rows(); }
 
 /// O += P V for a slab whose V is finite: the softmax step makes P from S (n, Bc) and
-/// sums it, then dropout (if any) zeroes the entries it drops; V's per-key scales (8-bit V)
+/// sums it, then dropout (if any) multiplies the entries it drops by 0; V's per-key scales (8-bit V)
 /// multiply P's columns before P meets V (scale_probabilities); where the tiles multiply
 /// bf16 pairs P is rounded to pairs, in the softmax step itself when nothing scales it (as
 /// on GPUs), and dropped there.

@@ -4,7 +4,8 @@
 // stream of arch/philox.hpp drops: row (head, query position), column key position. The
 // forward applies the kept probabilities as they are and folds 1 / (1 - p') into O's final
 // normalization (p' the probability dropped: p in steps of 1/256); the backward drops dP
-// (times 1 / (1 - p')) and the P that dV sums.
+// (times 1 / (1 - p')) and the P that dV sums. A dropped entry is multiplied by 0, not set
+// to 0 (arch/philox.hpp's apply_keep_bits), so a NaN there stays NaN, as in PyTorch's P * mask.
 #pragma once
 
 #include <algorithm>

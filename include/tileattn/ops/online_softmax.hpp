@@ -171,7 +171,7 @@ struct KeepAll {
 }  // namespace detail
 
 /// `drop(row, keys, 1, i)` is called on each row's P (a 1-row tile) after its step and
-/// before P V: dropout (ops/dropout.hpp) zeroes P there; a dropped key stays visible, so an
+/// before P V: dropout (ops/dropout.hpp) multiplies P by 0 there; a dropped key stays visible, so an
 /// Inf or NaN value of it still reaches the row (0 * Inf), as in PyTorch's dropout(P) V.
 template <class ScoreTile, class AccTile, class ValueTile, class Drop = detail::KeepAll>
 void online_softmax_step_visible_values(ScoreTile& s, RowStats& stats, AccTile& o,
