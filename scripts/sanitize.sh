@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # scripts/sanitize.sh: the reliability checks of .ci/run (docs/reliability.md):
-#   1. the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (g++, -O1 for
-#      tileattn::instantiations and -Og for the test TUs (tests/CMakeLists.txt says why),
+#   1. the whole test suite under AddressSanitizer + UndefinedBehaviorSanitizer (g++, -O1,
 #      -fno-sanitize-recover=all, leaks checked), every backend, every test of the Release
 #      run but those that run no tileattn code in this build (the exclusions below, each with
 #      its reason); determinism checks repeat 3 times (races are TSan's, which repeats them
