@@ -500,6 +500,16 @@ TEST(Dropout, ADroppedKeysInfiniteValueStillReachesTheRowsThatSeeIt) {
   EXPECT_TRUE(some_dropped);  // the case the test is about occurs
 }
 
+/// dV of a backward with dropout `opts` whose query `row` of head 1 holds a NaN.
+template <class T>
+std::vector<float> dv_with_a_nan_query(const ProblemShape& s, const BackwardOptions& opts, index_t row) {
+  BackwardProblem<T> prob(s, 41);
+  prob.qv(0, row, 1, 3) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  prob.forward(opts);
+  prob.backward(opts);
+  return prob.grad_v();
+}
+
 // A row that sees a NaN makes the dV of every key it sees NaN, dropped there or not:
 // dropout multiplies P by 0 (as PyTorch's does), it does not mask (a CI fuzzer finding:
 // dV was 0 where the row's NaN P was dropped).
@@ -526,19 +536,7 @@ TEST(Dropout, ARowThatSeesANaNMakesTheDVOfEveryKeyItSeesNaNDroppedOrNot) {
           }
         }
     };
-    if (half) {
-      BackwardProblem<bf16> prob(s, 41);
-      prob.qv(0, row, 1, 3) = from_float<bf16>(std::numeric_limits<float>::quiet_NaN());
-      prob.forward(opts);
-      prob.backward(opts);
-      check(prob.grad_v());
-    } else {
-      BackwardProblem<float> prob(s, 41);
-      prob.qv(0, row, 1, 3) = std::numeric_limits<float>::quiet_NaN();
-      prob.forward(opts);
-      prob.backward(opts);
-      check(prob.grad_v());
-    }
+    check(half ? dv_with_a_nan_query<bf16>(s, opts, row) : dv_with_a_nan_query<float>(s, opts, row));
   }
 }
 
